@@ -1,0 +1,111 @@
+"""Devices that pipeline stages may use, and logical CPU devices that stand in for them.
+
+Accelerators come first: TPU cores when present, else GPUs, else the CPU's
+logical devices. `SetLogicalCpuDevices(n)` splits the one physical CPU into n
+logical devices so that a pipeline can be built and tested on a machine without
+accelerators; it must run before TensorFlow initializes its devices.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+# TensorFlow accepts many more, but each logical CPU device costs threads and
+# memory; beyond this a pipeline on one CPU is a mistake, not an experiment.
+MAX_LOGICAL_CPU_DEVICES = 64
+
+_ACCELERATOR_ORDER = ("TPU", "GPU", "CPU")
+
+
+def SetLogicalCpuDevices(n: int) -> None:
+    """Splits the physical CPU into `n` logical devices /device:CPU:0..n-1.
+
+    Idempotent: asking again for the number already set does nothing.
+
+    Raises:
+      ValueError: n is not an integer in [1, MAX_LOGICAL_CPU_DEVICES].
+      RuntimeError: TensorFlow has already initialized its devices with a
+        different number of logical CPU devices.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_LOGICAL_CPU_DEVICES:
+        raise ValueError(
+            f"SetLogicalCpuDevices: expected an integer in [1, {MAX_LOGICAL_CPU_DEVICES}], "
+            f"received n={n!r}"
+        )
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current is not None and len(current) == n:
+        return
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+        )
+    except RuntimeError as e:
+        have = len(tf.config.list_logical_devices("CPU"))
+        raise RuntimeError(
+            f"SetLogicalCpuDevices({n}): TensorFlow has already initialized its devices "
+            f"with {have} logical CPU device(s); call it before any other TensorFlow "
+            f"work (at the top of the program, or in tests/conftest.py)"
+        ) from e
+
+
+def AvailableDevices(device_type: str | None = None) -> list[str]:
+    """Names of the devices stages may use, e.g. ['/device:GPU:0', '/device:GPU:1'].
+
+    Args:
+      device_type: 'TPU', 'GPU' or 'CPU'; None takes the first kind present in
+        that order.
+    """
+    if device_type is not None:
+        device_type = device_type.upper()
+        if device_type not in _ACCELERATOR_ORDER:
+            raise ValueError(
+                f"AvailableDevices: expected device_type in {list(_ACCELERATOR_ORDER)} or "
+                f"None, received device_type={device_type!r}"
+            )
+        kinds = [device_type]
+    else:
+        kinds = list(_ACCELERATOR_ORDER)
+    for kind in kinds:
+        devices = tf.config.list_logical_devices(kind)
+        if devices:
+            return [_ShortName(d.name) for d in devices]
+    return []
+
+
+def StageDevices(num_stages: int, device_type: str | None = None) -> list[str]:
+    """The first `num_stages` devices of AvailableDevices(device_type)."""
+    devices = AvailableDevices(device_type)
+    if num_stages > len(devices):
+        kind = device_type or (_DeviceType(devices[0]) if devices else "any")
+        raise ValueError(
+            f"StageDevices: asked for {num_stages} devices for pipeline stages but this "
+            f"machine has {len(devices)} {kind} device(s): {devices}; lower num_stages, "
+            f"or split the CPU with SetLogicalCpuDevices({num_stages}) (--logical_devices)"
+        )
+    return devices[:num_stages]
+
+
+def CanonicalDevice(name: str) -> str:
+    """Returns the short name of an existing device, or raises a ValueError listing those that do.
+
+    Accepts '/device:CPU:1', '/cpu:1', 'CPU:1', 'GPU:0', or full names with job/replica/task.
+    """
+    try:
+        spec = tf.DeviceSpec.from_string(name if name.startswith("/") else "/device:" + name)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"device name {name!r} is not a TensorFlow device name") from e
+    existing = {_ShortName(d.name) for d in tf.config.list_logical_devices()}
+    short = f"/device:{(spec.device_type or '').upper()}:{spec.device_index}"
+    if short not in existing:
+        raise ValueError(f"device {name!r} does not exist; this process has {sorted(existing)}")
+    return short
+
+
+def _ShortName(full_name: str) -> str:
+    spec = tf.DeviceSpec.from_string(full_name)
+    return f"/device:{spec.device_type}:{spec.device_index}"
+
+
+def _DeviceType(short_name: str) -> str:
+    return tf.DeviceSpec.from_string(short_name).device_type

@@ -1,0 +1,1 @@
+"""lingpipe layers, one topic a module."""

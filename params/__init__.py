@@ -1,0 +1,1 @@
+"""Registered model params, one module per model family."""
