@@ -328,7 +328,11 @@ class BaseLayer(tf.Module):
             raise TypeError(
                 f"{self.path}: expected the params of a BaseLayer subclass for child "
                 f"{default_name!r}, received {type(params).__name__}"
-                + (f" for {params.cls!r}" if isinstance(params, hyperparams.Params) else "")
+                + (
+                    f" for {params.cls!r}"
+                    if isinstance(params, hyperparams.InstantiableParams)
+                    else ""
+                )
             )
         p = self.CopyBaseParams(self.params, params.Copy())
         if not p.name:
