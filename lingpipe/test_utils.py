@@ -36,6 +36,20 @@ def AssertAllClose(actual: Any, expected: Any, rtol: float = RTOL, atol: float =
         )
 
 
+def AssertAllCloseToScale(actual: Any, expected: Any, rtol: float = RTOL) -> None:
+    """Each leaf within rtol of its own scale: |a - e| <= rtol * (|e| + max|e|).
+
+    For sums in another order (gradients accumulated over micro-batches), an
+    element that nearly cancels to 0 has no meaningful relative error of its own;
+    float32 rounding is relative to the magnitudes that were summed.
+    """
+    tf.nest.assert_same_structure(actual, expected)
+    for i, (a, e) in enumerate(zip(tf.nest.flatten(actual), tf.nest.flatten(expected))):
+        a, e = np.asarray(a), np.asarray(e)
+        scale = float(np.max(np.abs(e))) if e.size else 0.0
+        np.testing.assert_allclose(a, e, rtol=rtol, atol=rtol * scale, err_msg=f"leaf {i}")
+
+
 def RunEagerAndFunction(fn: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
     """Runs fn(*args) eagerly and inside tf.function; returns both results as numpy."""
     eager = fn(*args)

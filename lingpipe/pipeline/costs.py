@@ -1,0 +1,110 @@
+"""What each cell costs, for partitioning and the partition report.
+
+`CellMetas` chains the cells' FPropMeta from the pipeline's input shapes (nothing
+is built); `ProfileCells` builds each cell on the default device and times its
+forward and backward on a sample batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from lingpipe import base_layer, hyperparams
+from lingpipe.layers import sequential
+from lingpipe.nested_map import NestedMap
+
+
+def CellMetas(
+    parent_p: hyperparams.Params,
+    cell_params: Sequence[hyperparams.InstantiableParams],
+    input_shapes: tuple,
+) -> list[NestedMap]:
+    """FPropMeta of each cell in turn, each fed the previous one's out_shapes.
+
+    Returns one NestedMap per cell: flops, num_params, in_shapes, out_shapes.
+    """
+    shapes = tuple(sequential.NormShape(s) for s in input_shapes)
+    metas = []
+    for i, p in enumerate(cell_params):
+        meta = sequential.ChainMeta(parent_p, [p], shapes)
+        if meta is None:
+            raise ValueError(f"cell {i} ({p.cls.__name__}) FPropMeta returned nothing")
+        metas.append(
+            NestedMap(
+                flops=meta.flops,
+                num_params=meta.num_params,
+                in_shapes=shapes,
+                out_shapes=tuple(meta.out_shapes),
+            )
+        )
+        shapes = tuple(meta.out_shapes)
+    return metas
+
+
+def ShapeBytes(shapes: Any, dtype: tf.DType = tf.float32) -> int:
+    """Bytes of tensors of these (fully known) shapes; unknown dims count as 1."""
+    total = 0
+    for shape in tf.nest.flatten(shapes, expand_composites=False):
+        if isinstance(shape, tf.TensorShape):
+            dims = [d if d is not None else 1 for d in shape.as_list()]
+            total += int(np.prod(dims)) * dtype.size
+    return total
+
+
+def _SampleInput(spec: Any) -> Any:
+    if isinstance(spec, dict):
+        return NestedMap({k: _SampleInput(v) for k, v in spec.items()})
+    if isinstance(spec, tf.TensorSpec):
+        shape, dtype = spec.shape, spec.dtype
+    else:
+        shape, dtype = tf.TensorShape(spec), tf.float32
+    if dtype.is_floating:
+        return tf.random.stateless_normal(shape, [0, 1], dtype=dtype)
+    return tf.zeros(shape, dtype)
+
+
+def ProfileCells(
+    parent_p: hyperparams.Params,
+    cell_params: Sequence[hyperparams.InstantiableParams],
+    input_specs: tuple,
+    repeats: int = 3,
+) -> list[float]:
+    """Seconds of forward + backward of each cell on a sample batch (best of `repeats`).
+
+    Builds every cell once, on the default device, outside the pipeline's tree.
+    """
+    args = tuple(_SampleInput(s) for s in input_specs)
+    seconds = []
+    for i, p in enumerate(cell_params):
+        p = base_layer.BaseLayer.CopyBaseParams(parent_p, p.Copy())
+        p.name = p.name or f"profile_cell_{i}"
+        cell = p.Instantiate()
+
+        @tf.function
+        def Step(*inputs, cell=cell):
+            with tf.GradientTape() as tape:
+                tape.watch([t for t in tf.nest.flatten(inputs) if t.dtype.is_floating])
+                out = cell(*inputs)
+                loss = tf.add_n(
+                    [tf.reduce_sum(o) for o in tf.nest.flatten(out) if o.dtype.is_floating]
+                    or [tf.constant(0.0)]
+                )
+            sources = cell.trainable_variables or [
+                t for t in tf.nest.flatten(inputs) if t.dtype.is_floating
+            ]
+            return out, tape.gradient(loss, sources)
+
+        out, _ = Step(*args)  # trace and warm up
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            tf.nest.map_structure(lambda t: t.numpy(), Step(*args))
+            best = min(best, time.perf_counter() - start)
+        seconds.append(best)
+        args = sequential.AsArgs(out)
+    return seconds

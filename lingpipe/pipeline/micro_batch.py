@@ -1,0 +1,96 @@
+"""Splitting a batch into micro-batches and merging them back, for any nested structure.
+
+A leaf is *batched* when its static size along `batch_dim` equals the batch size
+(taken from the first leaf of rank > batch_dim); it is split into M micro-batches
+whose sizes differ by at most one (the first `batch % M` get one row more), so
+nothing is dropped or padded. Every other leaf (scalars, per-model constants)
+goes whole to every micro-batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+
+def _Leaves(structure: Any) -> list:
+    return [t for t in tf.nest.flatten(structure) if isinstance(t, (tf.Tensor, tf.Variable))]
+
+
+def BatchSize(structure: Any, batch_dim: int, where: str = "pipeline") -> int:
+    """The static batch size: the size along batch_dim of the first tensor that has it."""
+    for i, leaf in enumerate(tf.nest.flatten(structure)):
+        if not isinstance(leaf, (tf.Tensor, tf.Variable)) or leaf.shape.rank is None:
+            continue
+        if leaf.shape.rank > batch_dim:
+            size = leaf.shape[batch_dim]
+            if size is None:
+                raise ValueError(
+                    f"{where}: the batch dimension (batch_dim={batch_dim}) of input leaf {i} "
+                    f"is unknown at trace time (shape {leaf.shape}); the pipeline needs a "
+                    f"static batch size: give tf.function an input_signature with a fixed "
+                    f"batch, or use drop_remainder=True in tf.data"
+                )
+            return int(size)
+    raise ValueError(
+        f"{where}: no input tensor has a dimension batch_dim={batch_dim} to split into "
+        f"micro-batches; received {tf.nest.map_structure(_Describe, structure)}"
+    )
+
+
+def _Describe(x: Any) -> str:
+    return f"{x.dtype.name}{list(x.shape)}" if hasattr(x, "shape") else repr(x)
+
+
+def Sizes(batch: int, num_micro_batches: int, where: str = "pipeline") -> list[int]:
+    """Micro-batch sizes: as even as possible, the larger ones first."""
+    if num_micro_batches < 1 or num_micro_batches > batch:
+        raise ValueError(
+            f"{where}: expected 1 <= num_micro_batches <= batch size, received "
+            f"num_micro_batches={num_micro_batches}, batch={batch}"
+        )
+    base, extra = divmod(batch, num_micro_batches)
+    return [base + 1 if i < extra else base for i in range(num_micro_batches)]
+
+
+def IsBatched(leaf: Any, batch: int, batch_dim: int) -> bool:
+    return (
+        isinstance(leaf, (tf.Tensor, tf.Variable))
+        and leaf.shape.rank is not None
+        and leaf.shape.rank > batch_dim
+        and leaf.shape[batch_dim] == batch
+    )
+
+
+def Split(structure: Any, sizes: list[int], batch_dim: int) -> list[Any]:
+    """M structures like `structure`, batched leaves cut along batch_dim by `sizes`."""
+    batch = sum(sizes)
+    flat = tf.nest.flatten(structure)
+    per_leaf = [
+        tf.split(leaf, sizes, axis=batch_dim) if IsBatched(leaf, batch, batch_dim) else None
+        for leaf in flat
+    ]
+    out = []
+    for m in range(len(sizes)):
+        leaves = [parts[m] if parts is not None else leaf for leaf, parts in zip(flat, per_leaf)]
+        out.append(tf.nest.pack_sequence_as(structure, leaves))
+    return out
+
+
+def Merge(micro_outputs: list[Any], sizes: list[int], batch_dim: int) -> Any:
+    """Inverse of Split for outputs: batched leaves concatenated in order along batch_dim.
+
+    A leaf that is not batched in every micro-batch (a per-micro-batch scalar, say)
+    is stacked into a new leading dimension of size M.
+    """
+    first = micro_outputs[0]
+    flats = [tf.nest.flatten(o) for o in micro_outputs]
+    merged = []
+    for i in range(len(flats[0])):
+        parts = [flat[i] for flat in flats]
+        if all(IsBatched(p, s, batch_dim) for p, s in zip(parts, sizes)):
+            merged.append(tf.concat(parts, axis=batch_dim))
+        else:
+            merged.append(tf.stack(parts))
+    return tf.nest.pack_sequence_as(first, merged)

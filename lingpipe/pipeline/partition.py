@@ -1,0 +1,108 @@
+"""Cutting a sequence of cells into contiguous pipeline stages.
+
+`MinMaxPartition` is exact: of all ways to cut N cells into K contiguous, non-empty
+stages it returns one whose most expensive stage is as cheap as possible (the
+pipeline's clock is set by its slowest stage), and among those the most even.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# Relative slack when comparing sums of float costs.
+_EPS = 1e-9
+
+
+def _Prefix(costs: Sequence[float]) -> list[float]:
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + float(c))
+    return prefix
+
+
+def MinMaxCost(costs: Sequence[float], num_stages: int) -> float:
+    """The smallest possible cost of the most expensive stage (dynamic programming)."""
+    n = len(costs)
+    _CheckArgs(costs, num_stages)
+    prefix = _Prefix(costs)
+    inf = float("inf")
+    # best[i]: min over cuts of cells[:i] into k stages of the max stage cost.
+    best = [inf] * (n + 1)
+    for i in range(1, n + 1):
+        best[i] = prefix[i]
+    for k in range(2, num_stages + 1):
+        new = [inf] * (n + 1)
+        for i in range(k, n + 1):
+            new[i] = min(max(best[j], prefix[i] - prefix[j]) for j in range(k - 1, i))
+        best = new
+    return best[n]
+
+
+def MinMaxPartition(costs: Sequence[float], num_stages: int) -> list[int]:
+    """Cell counts per stage of an optimal min-max cut of `costs` into `num_stages`.
+
+    Among the cuts that reach the optimal bound, takes the most even one: the least
+    sum of squared stage costs (a second dynamic program under the bound); ties put
+    the extra cells on earlier stages, as micro-batch sizes do.
+    """
+    bound = MinMaxCost(costs, num_stages)
+    slack = bound * (1 + _EPS) + _EPS
+    prefix = _Prefix(costs)
+    n, inf = len(costs), float("inf")
+    # sq[k][i]: least sum of squares cutting cells[:i] into k stages within the bound.
+    sq = [[inf] * (n + 1) for _ in range(num_stages + 1)]
+    back = [[0] * (n + 1) for _ in range(num_stages + 1)]
+    sq[0][0] = 0.0
+    for k in range(1, num_stages + 1):
+        for i in range(k, n - (num_stages - k) + 1):
+            for j in range(k - 1, i):
+                stage = prefix[i] - prefix[j]
+                if stage <= slack and sq[k - 1][j] + stage * stage <= sq[k][i]:
+                    sq[k][i], back[k][i] = sq[k - 1][j] + stage * stage, j
+    counts, i = [], n
+    for k in range(num_stages, 0, -1):
+        counts.append(i - back[k][i])
+        i = back[k][i]
+    return counts[::-1]
+
+
+def _CheckArgs(costs: Sequence[float], num_stages: int) -> None:
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        raise ValueError(f"expected num_stages to be a positive integer, received {num_stages!r}")
+    if num_stages > len(costs):
+        raise ValueError(
+            f"cannot cut {len(costs)} cells into num_stages={num_stages} non-empty stages; "
+            f"expected num_stages <= number of cells"
+        )
+    bad = [c for c in costs if not c >= 0]
+    if bad:
+        raise ValueError(f"cell costs must be non-negative numbers, received {list(costs)}")
+
+
+def CheckCounts(counts: Sequence[int], num_cells: int, num_stages: int) -> list[int]:
+    """Validates an explicit partition (cell counts per stage) and returns it as a list."""
+    counts = list(counts)
+    if len(counts) != num_stages:
+        raise ValueError(
+            f"explicit partition {counts} has {len(counts)} stage(s), expected "
+            f"num_stages={num_stages}"
+        )
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
+        raise ValueError(
+            f"explicit partition {counts}: every stage needs a positive number of cells"
+        )
+    if sum(counts) != num_cells:
+        raise ValueError(
+            f"explicit partition {counts} adds up to {sum(counts)} cells, but cell_tpl has "
+            f"{num_cells}"
+        )
+    return counts
+
+
+def Boundaries(counts: Sequence[int]) -> list[tuple[int, int]]:
+    """[(first_cell, end_cell), ...] per stage from cell counts."""
+    out, start = [], 0
+    for c in counts:
+        out.append((start, start + c))
+        start += c
+    return out

@@ -1,0 +1,141 @@
+"""StageCall: one differentiable unit of pipeline work pinned to one device.
+
+Inside `tf.function`, `tf.GradientTape` leaves gradient ops unplaced (they run on
+CPU:0), and so does the backward of `tf.recompute_grad`. A StageCall is a
+`tf.custom_gradient` whose forward, recomputation and backward all enter the
+stage's `tf.device`, so every op of a stage stays on its device whether the
+caller takes gradients with a tape or with `tf.gradients`, eagerly or traced.
+
+With `recompute=True` the forward keeps nothing but its inputs, and the backward
+replays it (same stateless seed scope, batch-norm statistics suspended so they
+are never counted twice) under a tape before taking gradients: this is
+`tf.recompute_grad`'s mechanism with the device, seeds and statistics handled.
+With `recompute=False` the forward runs under a tape that keeps its activations
+and the backward only differentiates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from lingpipe import seeds
+
+
+def _IsFloat(t: Any) -> bool:
+    return isinstance(t, (tf.Tensor, tf.Variable)) and t.dtype.is_floating
+
+
+def _IsTensor(x: Any) -> bool:
+    return isinstance(x, (tf.Tensor, tf.Variable))
+
+
+def _SuspendStats() -> contextlib.AbstractContextManager:
+    # Imported here: normalization imports layers that import the pipeline's users.
+    from lingpipe.layers import normalization
+
+    return normalization.SuspendBatchNormUpdates()
+
+
+def _Differentiate(tape: tf.GradientTape, outputs: list, dys: Sequence[Any], sources: list) -> list:
+    pairs = [(o, dy) for o, dy in zip(outputs, dys) if dy is not None and _IsFloat(o)]
+    if not pairs:
+        return [None] * len(sources)
+    return tape.gradient(
+        [o for o, _ in pairs],
+        sources,
+        output_gradients=[dy for _, dy in pairs],
+        unconnected_gradients=tf.UnconnectedGradients.NONE,
+    )
+
+
+def StageCall(
+    fn: Callable[..., Any],
+    inputs: tuple,
+    device: str,
+    recompute: bool,
+    after: Sequence[Any] = (),
+    name: str = "stage_call",
+) -> Any:
+    """Runs `fn(*inputs)` on `device` as one unit whose backward runs there too.
+
+    Args:
+      fn: a function of the structures in `inputs`, returning a structure of tensors.
+      inputs: a tuple of structures (tensors, NestedMaps, tuples; non-tensor leaves
+        are passed through as constants). Every floating tensor is differentiable.
+      device: where the forward, recomputation and gradients run.
+      recompute: drop the forward's activations and replay it in backward.
+      after: tensors whose producers must run before this forward (the schedule's
+        ordering); ignored eagerly.
+      name: name scope of the forward ops; the backward's is `<name>_grad`.
+
+    Returns:
+      fn's outputs, same structure.
+    """
+    flat = tf.nest.flatten(inputs)
+    tensor_pos = [i for i, x in enumerate(flat) if _IsTensor(x)]
+    if not tensor_pos:  # nothing to differentiate (a stage without weights, say)
+        return PlainCall(fn, inputs, device, after, name)
+    scope = seeds.CurrentScopeValues()
+    out_structure = []
+
+    def Run(tensors: Sequence[tf.Tensor]) -> list:
+        leaves = list(flat)
+        for i, t in zip(tensor_pos, tensors):
+            leaves[i] = t
+        outputs = fn(*tf.nest.pack_sequence_as(inputs, leaves))
+        out_structure[:] = [outputs]
+        return tf.nest.flatten(outputs)
+
+    @tf.custom_gradient
+    def Call(*tensors):
+        with tf.device(device), tf.name_scope(name), tf.control_dependencies(list(after)):
+            if recompute:
+                tape = None
+                outputs = Run(tensors)
+            else:
+                with tf.GradientTape(watch_accessed_variables=True) as tape:
+                    tape.watch([t for t in tensors if _IsFloat(t)])
+                    outputs = Run(tensors)
+
+        def Grad(*dys, variables=None):
+            variables = list(variables or [])
+            with tf.device(device), tf.name_scope(f"{name}_grad"):
+                if recompute:
+                    with (
+                        tf.GradientTape() as replay,
+                        seeds.RestoreScopeValues(scope),
+                        _SuspendStats(),
+                    ):
+                        replay.watch([t for t in tensors if _IsFloat(t)])
+                        again = Run(tensors)
+                    grads = _Differentiate(replay, again, dys, list(tensors) + variables)
+                else:
+                    grads = _Differentiate(tape, outputs, dys, list(tensors) + variables)
+            input_grads = [g if _IsFloat(t) else None for t, g in zip(tensors, grads)]
+            return input_grads, grads[len(tensors) :]
+
+        return outputs, Grad
+
+    tensors = [flat[i] for i in tensor_pos]
+    # custom_gradient wraps inputs and outputs in Identity/IdentityN ops of its own,
+    # made outside Call's body: place them too, or every stage boundary would
+    # bounce through the default device.
+    with tf.device(device), tf.name_scope(f"{name}_io"):
+        outputs = Call(*tensors)
+    return tf.nest.pack_sequence_as(out_structure[0], tf.nest.flatten(outputs))
+
+
+def PlainCall(
+    fn: Callable[..., Any],
+    inputs: tuple,
+    device: str,
+    after: Sequence[Any] = (),
+    name: str = "stage_call",
+) -> Any:
+    """StageCall without a custom gradient: for eval and inference, where nothing is kept."""
+    with tf.device(device), tf.name_scope(name), tf.control_dependencies(list(after)):
+        return fn(*inputs)

@@ -1,0 +1,215 @@
+"""PipeliningLayer gives the outputs, loss and gradients of its sequential reference."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from gpipe_cells import (
+    DIMS,
+    AssertSame,
+    Mlp,
+    MlpWithBatchNorm,
+    MlpWithDropout,
+    Pipeline,
+    PipelineAndReference,
+    PlainStack,
+    SkipCell,
+    SquareLoss,
+    Transformer,
+)
+
+from lingpipe import base_layer, seeds, test_utils
+from lingpipe.nested_map import NestedMap
+
+GRID = [
+    (k, m, remat)
+    for k in (1, 2, 3, 4)
+    for m in (1, 2, 4, 8)
+    for remat in ("always", "except_last", "never")
+]
+
+
+@pytest.mark.parametrize("k,m,remat", GRID)
+def test_mlp_grid(k, m, remat):
+    pipe = Pipeline([Mlp()] * 8, k, m, remat)
+    x = tf.random.normal([8, DIMS])
+    got, want = PipelineAndReference(pipe, (x,))
+    AssertSame(got, want)
+    # No batch coupling: the reference equals the plain stack on the whole batch.
+    test_utils.AssertAllCloseToScale(got[0], PlainStack(pipe, x))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k,m,remat", GRID)
+def test_transformer_grid(k, m, remat):
+    pipe = Pipeline([Transformer()] * 4, k, m, remat)
+    x = tf.random.normal([8, 5, DIMS])
+    paddings = tf.cast(tf.random.uniform([8, 5]) < 0.2, tf.float32)
+    got, want = PipelineAndReference(pipe, (x, paddings))
+    AssertSame(got, want)
+    test_utils.AssertAllCloseToScale(got[0], PlainStack(pipe, x, paddings))
+
+
+@pytest.mark.parametrize("remat", ["always", "except_last", "never"])
+def test_transformer_k2_m4(remat):
+    pipe = Pipeline([Transformer()] * 4, 2, 4, remat)
+    x = tf.random.normal([8, 5, DIMS])
+    paddings = tf.zeros([8, 5])
+    AssertSame(*PipelineAndReference(pipe, (x, paddings)))
+
+
+@pytest.mark.parametrize("remat", ["always", "never"])
+def test_uneven_batch_is_split_without_dropping_rows(remat):
+    pipe = Pipeline([Mlp()] * 4, 2, 4, remat)
+    x = tf.random.normal([10, DIMS])
+    got, want = PipelineAndReference(pipe, (x,))
+    AssertSame(got, want)
+    assert got[0].shape == (10, DIMS)
+    test_utils.AssertAllCloseToScale(got[0], PlainStack(pipe, x))
+
+
+def test_micro_batch_size_sets_the_number_of_micro_batches():
+    pipe = Pipeline([Mlp()] * 4, 2, 1, micro_batch_size=3)
+    x = tf.random.normal([10, DIMS])
+    AssertSame(*PipelineAndReference(pipe, (x,)))
+    assert pipe.PartitionReport().num_micro_batches == 4  # ceil(10 / 3)
+
+
+def test_nested_map_state_carries_a_skip_connection_across_stages():
+    cells = [
+        SkipCell.Params().Set(mode="save"),
+        SkipCell.Params(),
+        SkipCell.Params(),
+        SkipCell.Params().Set(mode="add"),
+    ]
+    pipe = Pipeline(cells, 4, 4, "always")
+    state = NestedMap(x=tf.random.normal([8, DIMS]), skip=tf.zeros([8, DIMS]))
+    got, want = PipelineAndReference(pipe, (state,))
+    AssertSame(got, want)
+    assert isinstance(got[0], NestedMap)
+    # The skip really crossed three stage boundaries: it is the input x.
+    np.testing.assert_array_equal(got[0].skip.numpy(), state.x.numpy())
+
+
+def test_unbatched_argument_goes_whole_to_every_micro_batch():
+    class AddTable(base_layer.BaseLayer):
+        def FProp(self, theta, x, table):
+            return x + table, table
+
+    cells = [AddTable.Params(), Mlp(), AddTable.Params()]
+    cells[1] = TupleMlp()
+    pipe = Pipeline(cells, 3, 3, "always")
+    # Batch 6, table [8]: a leaf is split only when its size along batch_dim is the batch.
+    x, table = tf.random.normal([6, DIMS]), tf.random.normal([DIMS])
+
+    def Loss(outputs):
+        return SquareLoss(outputs[0])
+
+    got, want = PipelineAndReference(pipe, (x, table), Loss)
+    AssertSame(got, want)
+
+
+def TupleMlp():
+    class ProjKeep(base_layer.BaseLayer):
+        @classmethod
+        def Params(cls):
+            p = super().Params()
+            p.Define("proj", Mlp(), "Projection.")
+            return p
+
+        def __init__(self, params):
+            super().__init__(params)
+            self.CreateChild("proj", self.params.proj)
+
+        def FProp(self, theta, x, table):
+            return self.proj.FProp(theta.proj, x), table
+
+    return ProjKeep.Params()
+
+
+@pytest.mark.parametrize("remat", ["always", "except_last", "never"])
+def test_dropout_same_seeds_and_recompute_reproduces_it(remat):
+    pipe = Pipeline([MlpWithDropout()] * 4, 2, 4, remat)
+    x = tf.random.normal([8, DIMS])
+    with seeds.StepSeedScope(17):
+        got, want = PipelineAndReference(pipe, (x,))
+    AssertSame(got, want)
+    # Dropout really dropped something.
+    assert np.mean(PlainStack(pipe, x).numpy() == 0) < 1
+    with seeds.StepSeedScope(18):
+        other, _ = PipelineAndReference(pipe, (x,))
+    assert not np.allclose(other[0].numpy(), got[0].numpy())
+
+
+@pytest.mark.parametrize("remat", ["always", "never"])
+def test_batch_norm_moments_summed_over_micro_batches_and_updated_once(remat):
+    pipe = Pipeline([MlpWithBatchNorm()] * 2, 2, 4, remat)
+    bn = pipe.cell_1.sub[1]
+    x = tf.random.normal([10, DIMS]) * 3 + 5
+
+    # What the BN layer of cell 1 sees for the whole batch: cell 0's output, then cell 1's
+    # projection (cell 0's BN normalizes each micro-batch with its own moments).
+    @tf.function
+    def Step():
+        with tf.GradientTape() as tape:
+            out = pipe.FProp(pipe.theta, x)
+            loss = SquareLoss(out)
+        return tape.gradient(loss, pipe.trainable_variables)
+
+    before = bn.vars.moving_mean.numpy(), bn.vars.moving_variance.numpy()
+    with base_layer.EvalMode(False):
+        ref_inputs = []
+        for m, rows in enumerate(tf.split(x, [3, 3, 2, 2])):
+            with seeds.StepSeedScope(m):
+                h = pipe.cell_0.FProp(pipe.cell_0.theta, rows)
+                ref_inputs.append(pipe.cell_1.sub[0].FProp(pipe.cell_1.theta.sub[0], h))
+    # ref_inputs above used cell_0's BN without a stats context: undo its update.
+    pipe.cell_0.sub[1].vars.moving_mean.assign(tf.zeros([DIMS]))
+    pipe.cell_0.sub[1].vars.moving_variance.assign(tf.ones([DIMS]))
+    full = tf.concat(ref_inputs, 0).numpy()
+    Step()
+    mean, var = full.mean(0), full.var(0)
+    np.testing.assert_allclose(
+        bn.vars.moving_mean.numpy(), 0.9 * before[0] + 0.1 * mean, rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        bn.vars.moving_variance.numpy(), 0.9 * before[1] + 0.1 * var, rtol=1e-5, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("remat", ["always", "except_last", "never"])
+def test_batch_norm_pipeline_equals_reference_including_moving_stats(remat):
+    pipe = Pipeline([MlpWithBatchNorm()] * 4, 4, 4, remat)
+    x = tf.random.normal([8, DIMS]) * 2 + 1
+    variables = [v for v in pipe.variables if not v.trainable]
+    start = [v.numpy() for v in variables]
+    got, _ = PipelineAndReference(pipe, (x,))
+    after_pipe = [v.numpy() for v in variables]
+    for v, s in zip(variables, start):
+        v.assign(s)
+    _, want = PipelineAndReference(pipe, (x,))
+    after_ref = [v.numpy() for v in variables]
+    AssertSame(got, want)
+    test_utils.AssertAllClose(after_pipe, after_ref)
+    assert not np.allclose(after_pipe[0], start[0])  # they did move, once
+
+
+def test_eval_runs_the_same_pipeline_without_custom_gradients():
+    pipe = Pipeline([MlpWithBatchNorm()] * 4, 2, 4)
+    x = tf.random.normal([8, DIMS])
+    with base_layer.EvalMode():
+        fn = tf.function(lambda: pipe.FProp(pipe.theta, x))
+        got = fn()
+        want = pipe.FPropSequential(pipe.theta, x)
+        graph = fn.get_concrete_function().graph
+    test_utils.AssertAllClose(got, want)
+    assert not [op for op in graph.get_operations() if op.type == "IdentityN"]
+    assert {op.device for op in graph.get_operations() if "stage1_mb" in op.name} == {
+        "/device:CPU:1"
+    }
+
+
+def test_eager_equals_function():
+    pipe = Pipeline([Mlp()] * 4, 2, 4)
+    x = tf.random.normal([8, DIMS])
+    AssertSame(*PipelineAndReference(pipe, (x,), use_function=False))
+    test_utils.AssertEagerEqualsFunction(lambda t: pipe(t), x, atol=1e-5)

@@ -1,0 +1,170 @@
+"""Placement, recomputation and concurrency, read from traced graphs and a barrier."""
+
+import collections
+import re
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from gpipe_cells import DIMS, Mlp, Pipeline, SquareLoss, Transformer
+
+from lingpipe import base_layer
+
+_STAGE = re.compile(r"(?:^|/)stage(\d+)_")
+_RESOURCE_OPS = {"Placeholder", "ReadVariableOp"}
+
+
+def _Graph(pipe, args, how):
+    def TapeStep():
+        with tf.GradientTape() as tape:
+            loss = SquareLoss(pipe.FProp(pipe.theta, *args))
+        return tape.gradient(loss, pipe.trainable_variables)
+
+    def GradientsStep():
+        loss = SquareLoss(pipe.FProp(pipe.theta, *args))
+        return tf.gradients(loss, pipe.trainable_variables)
+
+    step = {"tape": TapeStep, "tf.gradients": GradientsStep}[how]
+    return tf.function(step).get_concrete_function().graph
+
+
+def _CapturedDevices(graph):
+    """Device of each captured resource, by the name of its placeholder op."""
+    return {inner.op.name: outer.device for outer, inner in graph.captures}
+
+
+def _Misplaced(graph):
+    """Ops in a stage's scopes that are not on that stage's device."""
+    captured = _CapturedDevices(graph)
+    bad = []
+    for op in graph.get_operations():
+        m = _STAGE.search(op.name)
+        if not m:
+            continue
+        want = f"/device:CPU:{m.group(1)}"
+        device = op.device
+        if op.type in _RESOURCE_OPS and not device:
+            # A variable's handle and its reads run where the variable lives.
+            handle = op if op.type == "Placeholder" else op.inputs[0].op
+            device = tf.DeviceSpec.from_string(captured.get(handle.name, "")).to_string()
+            device = "/device:" + device.split("/device:")[-1] if device else ""
+        if device != want:
+            bad.append((op.name, op.type, device))
+    return bad
+
+
+@pytest.mark.parametrize("how", ["tape", "tf.gradients"])
+@pytest.mark.parametrize("remat", ["always", "never"])
+def test_every_stage_op_forward_recompute_and_gradient_is_on_its_device(how, remat):
+    pipe = Pipeline([Mlp()] * 8, 4, 4, remat)
+    graph = _Graph(pipe, (tf.random.normal([8, DIMS]),), how)
+    assert _Misplaced(graph) == []
+    kinds = collections.Counter()
+    for op in graph.get_operations():
+        m = _STAGE.search(op.name)
+        if m:
+            kinds["grad" if "_grad/" in op.name else "fwd"] += 1
+            assert op.type != "Einsum" or op.device == f"/device:CPU:{m.group(1)}"
+    assert kinds["grad"] > 0 and kinds["fwd"] > 0
+    # The cells' compute lives only inside stage scopes: outside are the loss and its
+    # gradient, nothing of the cells (no Einsum, Tanh or TanhGrad).
+    outside = {op.type for op in graph.get_operations() if not _STAGE.search(op.name)}
+    assert not outside & {"Einsum", "MatMul", "Tanh", "TanhGrad", "BiasAdd"}
+
+
+def test_variables_of_each_stage_live_on_its_device():
+    pipe = Pipeline([Mlp()] * 6, 3, 2, partition=[1, 2, 3])
+    assert pipe.stage_cells == [[0], [1, 2], [3, 4, 5]]
+    for k, cells in enumerate(pipe.stage_cells):
+        for i in cells:
+            for v in getattr(pipe, f"cell_{i}").variables:
+                assert v.device.endswith(f"CPU:{k}"), (v.name, v.device)
+
+
+def test_transformer_stack_placement_with_tape():
+    pipe = Pipeline([Transformer(dropout_prob=0.1)] * 4, 2, 4, "always")
+    args = (tf.random.normal([8, 5, DIMS]), tf.zeros([8, 5]))
+    assert _Misplaced(_Graph(pipe, args, "tape")) == []
+
+
+def _ForwardOpsInBackward(graph, op_type):
+    """Per (stage, micro-batch): how many `op_type` ops its backward scope holds."""
+    counts = collections.Counter()
+    for op in graph.get_operations():
+        m = re.search(r"stage(\d+)_mb(\d+)_grad/", op.name)
+        if m and op.type == op_type:
+            counts[(int(m.group(1)), int(m.group(2)))] += 1
+    return counts
+
+
+@pytest.mark.parametrize(
+    "remat,recomputed",
+    [
+        ("always", {0, 1, 2, 3}),
+        ("except_last", {0, 1, 2}),
+        ("never", set()),
+    ],
+)
+def test_recompute_really_recomputes(remat, recomputed):
+    pipe = Pipeline([Mlp()] * 4, 2, 4, remat)
+    graph = _Graph(pipe, (tf.random.normal([8, DIMS]),), "tape")
+    tanh_in_backward = _ForwardOpsInBackward(graph, "Tanh")
+    # Each stage has 2 cells, each with one tanh: a recomputed micro-batch replays both.
+    for k in range(2):
+        for m in range(4):
+            assert tanh_in_backward[(k, m)] == (2 if m in recomputed else 0), (k, m)
+
+
+class _BarrierCell(base_layer.BaseLayer):
+    """Passes x through; (stage 0, micro-batch 1) and (stage 1, micro-batch 0) meet."""
+
+    barrier = None
+    meetings = []
+
+    @classmethod
+    def Params(cls):
+        p = super().Params()
+        p.Define("stage", 0, "Which stage this cell is on.")
+        return p
+
+    def FProp(self, theta, x):
+        stage = self.params.stage
+
+        def Wait(value):
+            micro_batch = int(value[0, 0])  # rows of micro-batch m hold m
+            if (stage, micro_batch) in ((0, 1), (1, 0)):
+                _BarrierCell.barrier.wait()  # raises BrokenBarrierError on timeout
+                _BarrierCell.meetings.append((stage, micro_batch))
+            return value
+
+        y = tf.numpy_function(Wait, [x], tf.float32, stateful=False)
+        return tf.ensure_shape(y, x.shape)
+
+
+def _BarrierPipeline(timeout):
+    _BarrierCell.barrier = threading.Barrier(2, timeout=timeout)
+    _BarrierCell.meetings = []
+    cells = [_BarrierCell.Params().Set(stage=0), _BarrierCell.Params().Set(stage=1)]
+    pipe = Pipeline(cells, 2, 2)
+    x = tf.constant(np.repeat([[0.0], [1.0]], 2, axis=0) * np.ones([4, DIMS]), tf.float32)
+    return pipe, x
+
+
+def test_stages_work_on_different_micro_batches_at_the_same_time():
+    pipe, x = _BarrierPipeline(timeout=60)
+    for mode in (False, True):  # training (StageCall) and eval (PlainCall)
+        with base_layer.EvalMode(mode):
+            y = tf.function(lambda: pipe.FProp(pipe.theta, x))()
+        np.testing.assert_array_equal(y.numpy(), x.numpy())
+        assert sorted(_BarrierCell.meetings) == [(0, 1), (1, 0)]
+        _BarrierCell.meetings = []
+
+
+def test_the_barrier_catches_a_serialized_schedule():
+    # Eagerly, ops run one at a time in program order: stage 0 on micro-batch 1 waits
+    # for a partner that can only start after it. The barrier times out, so the test
+    # above would fail for a schedule that serialized the stages.
+    pipe, x = _BarrierPipeline(timeout=2)
+    with pytest.raises(threading.BrokenBarrierError):
+        pipe.FProp(pipe.theta, x)
