@@ -193,6 +193,11 @@ class PipeliningLayer(base_layer.BaseLayer):
         """Indices of the cells of each stage."""
         return [list(c) for c in self._stage_cells]
 
+    @property
+    def cell_costs(self) -> list[float]:
+        """Each cell's cost under the partition policy (seconds for 'profile')."""
+        return list(self._cell_costs)
+
     def Cells(self) -> list[base_layer.BaseLayer]:
         return [getattr(self, f"cell_{i}") for i in range(self._num_cells)]
 

@@ -1,0 +1,134 @@
+"""PipeliningLayer errors name what was received and what was expected."""
+
+import pytest
+import tensorflow as tf
+from gpipe_cells import DIMS, Mlp, Pipeline, Transformer
+
+from lingpipe.layers import gpipe
+
+
+def test_more_stages_than_cells():
+    with pytest.raises(
+        ValueError,
+        match=r"pipe: num_stages=5 is greater than the number of "
+        r"cells \(4 in cell_tpl\)",
+    ):
+        Pipeline([Mlp()] * 4, 5, 1)
+
+
+def test_more_stages_than_devices():
+    with pytest.raises(
+        ValueError,
+        match="pipe: num_stages=9: StageDevices: asked for 9 devices "
+        "for pipeline stages but this machine has 8 CPU device",
+    ):
+        Pipeline([Mlp()] * 10, 9, 1)
+    with pytest.raises(
+        ValueError,
+        match=r"pipe: expected one device per stage, received 2 "
+        r"device\(s\) \['/cpu:0', '/cpu:1'\] for num_stages=3",
+    ):
+        Pipeline([Mlp()] * 4, 3, 1, devices=["/cpu:0", "/cpu:1"])
+
+
+def test_device_that_does_not_exist():
+    with pytest.raises(
+        ValueError,
+        match=r"pipe: device '/device:GPU:3' does not exist; this "
+        r"process has \['/device:CPU:0'",
+    ):
+        Pipeline([Mlp()] * 4, 2, 1, devices=["/device:CPU:0", "/device:GPU:3"])
+
+
+def test_explicit_devices_are_used_in_order():
+    pipe = Pipeline([Mlp()] * 4, 2, 1, devices=["CPU:5", "/cpu:2"])
+    assert pipe.devices == ["/device:CPU:5", "/device:CPU:2"]
+    assert pipe.cell_3.vars.w.device.endswith("CPU:2")
+
+
+@pytest.mark.parametrize("m", [0, -2])
+def test_num_micro_batches_below_one(m):
+    with pytest.raises(
+        ValueError,
+        match=f"pipe: expected num_micro_batches to be a positive "
+        f"integer, received num_micro_batches={m}",
+    ):
+        Pipeline([Mlp()] * 2, 1, m)
+
+
+def test_more_micro_batches_than_rows():
+    pipe = Pipeline([Mlp()] * 2, 2, 8)
+    with pytest.raises(
+        ValueError,
+        match="pipe: expected 1 <= num_micro_batches <= batch size, "
+        "received num_micro_batches=8, batch=5",
+    ):
+        pipe(tf.ones([5, DIMS]))
+
+
+def test_batch_dimension_unknown_at_trace_time():
+    pipe = Pipeline([Mlp()] * 2, 2, 2)
+    fn = tf.function(lambda x: pipe(x), input_signature=[tf.TensorSpec([None, DIMS])])
+    with pytest.raises(
+        ValueError,
+        match=r"pipe: the batch dimension \(batch_dim=0\) of input "
+        r"leaf 0 is unknown at trace time",
+    ):
+        fn.get_concrete_function()
+
+
+def test_cell_output_that_does_not_fit_the_next_cell():
+    # A transformer cell takes (x, paddings); an MLP cell returns a single tensor.
+    pipe = Pipeline([Mlp(), Transformer()], 2, 2)
+    with pytest.raises(
+        ValueError,
+        match=r"pipe: cell_1 \(TransformerCell\) cannot take "
+        r"cell_0's outputs: 1 value\(s\) \('float32\[2, 8\]',\) for "
+        r"FProp\(theta, x, paddings\)",
+    ):
+        pipe(tf.ones([4, DIMS]))
+    first = Pipeline([Transformer(), Mlp()], 2, 1)
+    with pytest.raises(ValueError, match="pipe: cell_0 .* cannot take the pipeline's inputs"):
+        first(tf.ones([4, 3, DIMS]))
+
+
+def test_explicit_partition_that_does_not_add_up():
+    with pytest.raises(
+        ValueError,
+        match=r"pipe: explicit partition \[2, 3\] adds up to 5 "
+        r"cells, but cell_tpl has 4",
+    ):
+        Pipeline([Mlp()] * 4, 2, 1, partition=[2, 3])
+    with pytest.raises(ValueError, match=r"pipe: explicit partition \[4\] has 1 stage"):
+        Pipeline([Mlp()] * 4, 2, 1, partition=[4])
+
+
+def test_unknown_policies_and_missing_shapes():
+    with pytest.raises(
+        ValueError,
+        match=r"pipe: expected remat to be one of \['always', "
+        r"'except_last', 'never'\], received remat='sometimes'",
+    ):
+        Pipeline([Mlp()] * 2, 1, 1, remat="sometimes")
+    with pytest.raises(
+        ValueError,
+        match=r"pipe: expected partition to be one of \['uniform', "
+        r"'flops', 'params', 'profile'\], received partition='even'; or give "
+        r"a list of cell counts per stage",
+    ):
+        Pipeline([Mlp()] * 2, 1, 1, partition="even")
+    with pytest.raises(ValueError, match=r"pipe: partition='flops' needs input_shapes"):
+        Pipeline([Mlp()] * 2, 2, 1, partition="flops")
+
+
+def test_bad_cell_tpl():
+    with pytest.raises(ValueError, match="pipe: cell_tpl is empty"):
+        Pipeline([], 1, 1)
+    with pytest.raises(
+        ValueError,
+        match=r"pipe: cell_tpl\[1\] is not the params of a layer, "
+        r"received str",
+    ):
+        Pipeline([Mlp(), "fc"], 1, 1)
+    with pytest.raises(ValueError, match="pipe: expected cell_tpl to be a list of layer params"):
+        gpipe.PipeliningLayer.Params().Set(name="pipe", cell_tpl=Mlp()).Instantiate()
