@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from lingpipe import asserts, base_layer, hyperparams
+from lingpipe.layers import linear
 from lingpipe.nested_map import NestedMap
 
 
@@ -94,7 +95,7 @@ class EmbeddingLayer(base_layer.BaseLayer):
                 shape[-1], p.embedding_dim, "inputs.shape[-1]", "embedding_dim", where=self.path
             )
         emb = tf.cast(theta.emb, self.fprop_dtype)
-        return tf.einsum("...d,vd->...v", inputs, emb)
+        return linear.MatMulLastDim(inputs, emb, transpose_w=True)
 
     @classmethod
     def FPropMeta(cls, p: hyperparams.Params, ids_shape: Any) -> NestedMap:

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from lingpipe import asserts, base_layer, hyperparams
+from lingpipe.layers import linear
 from lingpipe.nested_map import NestedMap
 
 # Rough cost of log-softmax plus the cross-entropy, per logit (exp, sum, log, sub, mul-add).
@@ -191,7 +192,7 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
             )
         if shape.rank is not None and shape[-1] is not None:
             asserts.Eq(shape[-1], p.input_dims, "inputs.shape[-1]", "input_dims", where=self.path)
-        logits = tf.einsum("...i,ic->...c", inputs, tf.cast(theta.weight, self.fprop_dtype))
+        logits = linear.MatMulLastDim(inputs, tf.cast(theta.weight, self.fprop_dtype))
         if p.has_bias:
             logits += tf.cast(theta.bias, self.fprop_dtype)
         return logits

@@ -228,3 +228,24 @@ def test_projection_errors():
         r"inputs.shape\[-1\]=6, input_dims=3",
     ):
         _Proj().Instantiate()(_Inputs(2, 6))
+
+
+def test_gradient_does_not_materialize_an_outer_product():
+    # tf.einsum('...i,io->...o')'s weight gradient built a [batch, in, out] tensor:
+    # 512 MiB here. A 2-D matmul needs a few MiB.
+    layer = linear.ProjectionLayer.Params().Set(name="fc", input_dims=512, output_dims=512)
+    layer = layer.Instantiate()
+    x = tf.ones([512, 512])
+
+    @tf.function
+    def Step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(x))
+        return tape.gradient(loss, layer.trainable_variables)
+
+    Step.get_concrete_function()
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    Step()
+    step_bytes = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+    assert step_bytes < 64 * 2**20, f"one gradient step used {step_bytes / 2**20:.0f} MiB"
