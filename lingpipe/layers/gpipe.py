@@ -33,7 +33,7 @@ from lingpipe.layers import normalization, sequential
 from lingpipe.nested_map import NestedMap
 from lingpipe.pipeline import costs, micro_batch, partition, schedule
 from lingpipe.pipeline import report as report_lib
-from lingpipe.pipeline.stage_call import PlainCall, StageCall
+from lingpipe.pipeline.stage_call import GradientAccumulator, PlainCall, StageCall
 
 PARTITION_POLICIES = ("uniform", "flops", "params", "profile")
 REMAT_POLICIES = ("always", "except_last", "never")
@@ -300,20 +300,17 @@ class PipeliningLayer(base_layer.BaseLayer):
         num_micro, num_stages = len(sizes), p.num_stages
         devices = self._devices
 
-        def Call(fn, inputs, k, name, recompute=False, after=()):
+        def Call(fn, inputs, k, name, recompute=False, after=(), accumulator=None):
             if training:
-                return StageCall(fn, inputs, devices[k], recompute, after, name)
+                return StageCall(fn, inputs, devices[k], recompute, after, name, accumulator)
             return PlainCall(fn, inputs, devices[k], after, name)
 
         split = lambda *a: micro_batch.Split(a, sizes, p.batch_dim)  # noqa: E731
         micro_args = Call(split, args, 0, "stage0_split") if num_micro > 1 else [args]
-        # Each stage reads its weights once and hands a copy to every micro-batch, so
-        # the sum of their gradients is taken on the stage's device.
-        thetas = []
-        for k, idx in enumerate(self._stage_cells):
-            stage_theta = [theta[f"cell_{i}"] for i in idx]
-            fan_out = lambda t: [tf.nest.map_structure(tf.identity, t) for _ in range(num_micro)]  # noqa: E731
-            thetas.append(Call(fan_out, (stage_theta,), k, f"stage{k}_theta"))
+        # The micro-batches of a stage share its weights; one accumulator per stage
+        # sums their gradient on the stage's device, one micro-batch at a time.
+        thetas = [[theta[f"cell_{i}"] for i in idx] for idx in self._stage_cells]
+        accumulators = [GradientAccumulator(num_micro) for _ in range(num_stages)]
 
         state = list(micro_args)
         last_out: list[Any] = [None] * num_stages
@@ -325,7 +322,13 @@ class PipeliningLayer(base_layer.BaseLayer):
                 after = [] if last_out[k] is None else tf.nest.flatten(last_out[k])[:1]
                 with seeds.StepSeedScope(m):
                     out = Call(
-                        run, (thetas[k][m], state[m]), k, f"stage{k}_mb{m}", recompute, after
+                        run,
+                        (thetas[k], state[m]),
+                        k,
+                        f"stage{k}_mb{m}",
+                        recompute,
+                        after,
+                        accumulators[k],
                     )
                 state[m] = sequential.AsArgs(out)
                 last_out[k] = out

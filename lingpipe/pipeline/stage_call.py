@@ -52,6 +52,50 @@ def _Differentiate(tape: tf.GradientTape, outputs: list, dys: Sequence[Any], sou
     )
 
 
+class GradientAccumulator:
+    """Sums the gradient of weights shared by `num_calls` StageCalls of one stage.
+
+    Backward i waits for backward i-1 (in the order the tape builds them), adds
+    its weights' gradient to the running sum on the stage's device and returns
+    None for them; the last returns the total. So the stage differentiates one
+    micro-batch at a time, holds one running sum instead of M gradients, and the
+    tape never aggregates the weights' gradient itself (off the stage's device).
+    """
+
+    def __init__(self, num_calls: int) -> None:
+        self.num_calls = num_calls
+        self._Reset()
+
+    def _Reset(self) -> None:
+        self._sum: list | None = None
+        self._count = 0
+        self._done: list = []
+
+    def Wait(self) -> list:
+        """What the next backward must run after."""
+        return [] if tf.executing_eagerly() else list(self._done)
+
+    def Add(self, shared_grads: list) -> list:
+        """Adds one call's gradients; returns what that call should hand the tape."""
+        if self._sum is None:
+            self._sum = list(shared_grads)
+        else:
+            self._sum = [
+                b if a is None else a if b is None else a + b
+                for a, b in zip(self._sum, shared_grads)
+            ]
+        self._count += 1
+        if not tf.executing_eagerly():
+            # The sums are made on this device after this backward's weight gradients:
+            # waiting for them orders the stage's backwards without a new op.
+            self._done = [g for g in self._sum if g is not None] or self._done
+        if self._count < self.num_calls:
+            return [None] * len(shared_grads)
+        total = self._sum
+        self._Reset()  # ready for the next gradient computation
+        return total
+
+
 def StageCall(
     fn: Callable[..., Any],
     inputs: tuple,
@@ -59,6 +103,7 @@ def StageCall(
     recompute: bool,
     after: Sequence[Any] = (),
     name: str = "stage_call",
+    accumulator: GradientAccumulator | None = None,
 ) -> Any:
     """Runs `fn(*inputs)` on `device` as one unit whose backward runs there too.
 
@@ -71,12 +116,16 @@ def StageCall(
       after: tensors whose producers must run before this forward (the schedule's
         ordering); ignored eagerly.
       name: name scope of the forward ops; the backward's is `<name>_grad`.
+      accumulator: shared by the calls of one stage whose `inputs[0]` are the same
+        weights: their backwards run one after another and the weights' gradient
+        is summed across them (see GradientAccumulator).
 
     Returns:
       fn's outputs, same structure.
     """
     flat = tf.nest.flatten(inputs)
     tensor_pos = [i for i, x in enumerate(flat) if _IsTensor(x)]
+    num_shared = sum(1 for x in tf.nest.flatten(inputs[0]) if _IsTensor(x)) if inputs else 0
     if not tensor_pos:  # nothing to differentiate (a stage without weights, say)
         return PlainCall(fn, inputs, device, after, name)
     scope = seeds.CurrentScopeValues()
@@ -103,7 +152,12 @@ def StageCall(
 
         def Grad(*dys, variables=None):
             variables = list(variables or [])
-            with tf.device(device), tf.name_scope(f"{name}_grad"):
+            wait = accumulator.Wait() if accumulator is not None else []
+            with (
+                tf.device(device),
+                tf.name_scope(f"{name}_grad"),
+                tf.control_dependencies(wait),
+            ):
                 if recompute:
                     with (
                         tf.GradientTape() as replay,
@@ -115,6 +169,8 @@ def StageCall(
                     grads = _Differentiate(replay, again, dys, list(tensors) + variables)
                 else:
                     grads = _Differentiate(tape, outputs, dys, list(tensors) + variables)
+                if accumulator is not None:
+                    grads[:num_shared] = accumulator.Add(grads[:num_shared])
             input_grads = [g if _IsFloat(t) else None for t, g in zip(tensors, grads)]
             return input_grads, grads[len(tensors) :]
 

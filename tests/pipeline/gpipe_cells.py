@@ -1,5 +1,7 @@
 """Cells and helpers shared by the PipeliningLayer tests."""
 
+import re
+
 import numpy as np
 import tensorflow as tf
 
@@ -146,3 +148,32 @@ def PlainStack(pipe, *args):
     for cell in pipe.Cells():
         outputs = cell.FProp(cell.theta, *sequential.AsArgs(outputs))
     return outputs
+
+
+STAGE_SCOPE = re.compile(r"(?:^|/)stage(\d+)_")
+_RESOURCE_OPS = {"Placeholder", "ReadVariableOp"}
+
+
+def _CapturedDevices(graph):
+    """Device of each captured resource, by the name of its placeholder op."""
+    return {inner.op.name: outer.device for outer, inner in graph.captures}
+
+
+def Misplaced(graph):
+    """Ops in a stage's scopes that are not on that stage's device."""
+    captured = _CapturedDevices(graph)
+    bad = []
+    for op in graph.get_operations():
+        m = STAGE_SCOPE.search(op.name)
+        if not m:
+            continue
+        want = f"/device:CPU:{m.group(1)}"
+        device = op.device
+        if op.type in _RESOURCE_OPS and not device:
+            # A variable's handle and its reads run where the variable lives.
+            handle = op if op.type == "Placeholder" else op.inputs[0].op
+            device = tf.DeviceSpec.from_string(captured.get(handle.name, "")).to_string()
+            device = "/device:" + device.split("/device:")[-1] if device else ""
+        if device != want:
+            bad.append((op.name, op.type, device))
+    return bad

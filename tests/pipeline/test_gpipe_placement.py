@@ -7,12 +7,9 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
-from gpipe_cells import DIMS, Mlp, Pipeline, SquareLoss, Transformer
+from gpipe_cells import DIMS, STAGE_SCOPE, Misplaced, Mlp, Pipeline, SquareLoss, Transformer
 
 from lingpipe import base_layer
-
-_STAGE = re.compile(r"(?:^|/)stage(\d+)_")
-_RESOURCE_OPS = {"Placeholder", "ReadVariableOp"}
 
 
 def _Graph(pipe, args, how):
@@ -29,47 +26,22 @@ def _Graph(pipe, args, how):
     return tf.function(step).get_concrete_function().graph
 
 
-def _CapturedDevices(graph):
-    """Device of each captured resource, by the name of its placeholder op."""
-    return {inner.op.name: outer.device for outer, inner in graph.captures}
-
-
-def _Misplaced(graph):
-    """Ops in a stage's scopes that are not on that stage's device."""
-    captured = _CapturedDevices(graph)
-    bad = []
-    for op in graph.get_operations():
-        m = _STAGE.search(op.name)
-        if not m:
-            continue
-        want = f"/device:CPU:{m.group(1)}"
-        device = op.device
-        if op.type in _RESOURCE_OPS and not device:
-            # A variable's handle and its reads run where the variable lives.
-            handle = op if op.type == "Placeholder" else op.inputs[0].op
-            device = tf.DeviceSpec.from_string(captured.get(handle.name, "")).to_string()
-            device = "/device:" + device.split("/device:")[-1] if device else ""
-        if device != want:
-            bad.append((op.name, op.type, device))
-    return bad
-
-
 @pytest.mark.parametrize("how", ["tape", "tf.gradients"])
 @pytest.mark.parametrize("remat", ["always", "never"])
 def test_every_stage_op_forward_recompute_and_gradient_is_on_its_device(how, remat):
     pipe = Pipeline([Mlp()] * 8, 4, 4, remat)
     graph = _Graph(pipe, (tf.random.normal([8, DIMS]),), how)
-    assert _Misplaced(graph) == []
+    assert Misplaced(graph) == []
     kinds = collections.Counter()
     for op in graph.get_operations():
-        m = _STAGE.search(op.name)
+        m = STAGE_SCOPE.search(op.name)
         if m:
             kinds["grad" if "_grad/" in op.name else "fwd"] += 1
             assert op.type != "Einsum" or op.device == f"/device:CPU:{m.group(1)}"
     assert kinds["grad"] > 0 and kinds["fwd"] > 0
     # The cells' compute lives only inside stage scopes: outside are the loss and its
     # gradient, nothing of the cells (no Einsum, Tanh or TanhGrad).
-    outside = {op.type for op in graph.get_operations() if not _STAGE.search(op.name)}
+    outside = {op.type for op in graph.get_operations() if not STAGE_SCOPE.search(op.name)}
     assert not outside & {"Einsum", "MatMul", "Tanh", "TanhGrad", "BiasAdd"}
 
 
@@ -85,7 +57,7 @@ def test_variables_of_each_stage_live_on_its_device():
 def test_transformer_stack_placement_with_tape():
     pipe = Pipeline([Transformer(dropout_prob=0.1)] * 4, 2, 4, "always")
     args = (tf.random.normal([8, 5, DIMS]), tf.zeros([8, 5]))
-    assert _Misplaced(_Graph(pipe, args, "tape")) == []
+    assert Misplaced(_Graph(pipe, args, "tape")) == []
 
 
 def _ForwardOpsInBackward(graph, op_type):
