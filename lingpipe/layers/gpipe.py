@@ -109,7 +109,7 @@ class PipeliningLayer(base_layer.BaseLayer):
                 for i in range(start, end):
                     self.CreateChild(f"cell_{i}", cells[i])
         self._num_cells = len(cells)
-        self._seen_shapes = None
+        object.__setattr__(self, "_seen_shapes", None)
 
     # ---- Construction helpers ----------------------------------------------
 
@@ -230,9 +230,8 @@ class PipeliningLayer(base_layer.BaseLayer):
                     stage=k,
                     device=self._devices[k],
                     cells=[c.path for c in cells],
-                    num_params=sum(
-                        int(v.shape.num_elements()) for c in cells for v in c.trainable_variables
-                    ),
+                    # All variables, as FPropMeta counts them (batch norm's moving stats too).
+                    num_params=sum(int(v.shape.num_elements()) for c in cells for v in c.variables),
                     flops=None if metas is None else sum(metas[i].flops for i in idx),
                     boundary_bytes=boundary,
                     cost=sum(self._cell_costs[i] for i in idx),
@@ -252,7 +251,8 @@ class PipeliningLayer(base_layer.BaseLayer):
     def _Sizes(self, args: tuple) -> list[int]:
         """Micro-batch sizes for these inputs (validates the batch)."""
         batch = micro_batch.BatchSize(args, self.params.batch_dim, self.path)
-        self._seen_shapes = tf.nest.map_structure(lambda t: getattr(t, "shape", None), args)
+        shapes = tf.nest.map_structure(lambda t: getattr(t, "shape", None), args)
+        object.__setattr__(self, "_seen_shapes", shapes)  # for PartitionReport; not tracked
         return micro_batch.Sizes(batch, self._NumMicroBatches(batch), self.path)
 
     def _RunCells(self, indices: Sequence[int], thetas: Sequence[NestedMap], args: tuple) -> Any:

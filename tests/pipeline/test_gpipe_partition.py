@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from gpipe_cells import DIMS, Mlp, Pipeline, SquareLoss
+from gpipe_cells import DIMS, Mlp, MlpWithBatchNorm, Pipeline, SquareLoss
 
 from lingpipe.layers import feedforward
 from lingpipe.pipeline import costs, partition
@@ -61,6 +61,14 @@ def test_report_numbers_match_fprop_meta():
     )
     text = str(report)
     assert "/device:CPU:2" in text and "imbalance=" in text and "pipe/cell_0" in text
+
+
+def test_report_counts_parameters_as_fprop_meta_does():
+    cells = [MlpWithBatchNorm()] * 4  # batch norm: 2 trainable and 2 moving-average vectors
+    pipe = Pipeline(cells, 2, 2, input_shapes=SHAPES)
+    metas = costs.CellMetas(pipe.params, cells, ([16, DIMS],))
+    for stage, idx in zip(pipe.PartitionReport().stages, pipe.stage_cells):
+        assert stage.num_params == sum(metas[i].num_params for i in idx)
 
 
 def test_report_without_shapes_then_after_a_call():
