@@ -140,3 +140,16 @@ def test_the_barrier_catches_a_serialized_schedule():
     pipe, x = _BarrierPipeline(timeout=2)
     with pytest.raises(threading.BrokenBarrierError):
         pipe.FProp(pipe.theta, x)
+
+
+@pytest.mark.parametrize("remat", ["always", "never"])
+def test_eager_gradients_are_computed_on_their_stage_device(remat):
+    pipe = Pipeline([Mlp()] * 6, 3, 4, remat)
+    x = tf.random.normal([8, DIMS])
+    with tf.GradientTape() as tape:
+        y = pipe(x)
+        loss = SquareLoss(y)
+    grads = tape.gradient(loss, pipe.trainable_variables)
+    assert y.device.endswith("CPU:2")  # merged on the last stage
+    for v, g in zip(pipe.trainable_variables, grads):
+        assert g.device.endswith(v.device[-5:]), (v.name, v.device, g.device)
