@@ -29,7 +29,7 @@ indices (`layers[1].dim`). A value is written as:
 through `ast.literal_eval`, the other forms are matched by pattern, and a class path
 is looked up without running code (`inspect.getattr_static`) in modules that are
 already imported. (TensorFlow itself is imported, lazily, to read `tf.<name>`; this
-module does not otherwise need it.)
+module does not otherwise need it.) The format is implemented in `lingpipe.params_text`.
 
 `str(params)` shows the same value forms, nested and indented like Lingvo's.
 
@@ -40,30 +40,19 @@ a frozen Params raises `TypeError`; bad names, descriptions and text raise
 
 from __future__ import annotations
 
-import ast
 import copy
 import difflib
-import importlib
-import inspect
-import io
 import keyword
-import math
 import re
-import sys
-import tokenize
 from collections.abc import Iterator
 from typing import Any
+
+# params_text imports this module too; see the note there.
+from lingpipe import params_text
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 # One dotted component of a path: `name` followed by any number of `[i]`.
 _COMPONENT_RE = re.compile(r"^([^.\[\]]+)((?:\[\d+\])*)$")
-_LINE_RE = re.compile(
-    r"^(?P<key>[a-z][a-z0-9_]*(?:\[\d+\])*(?:\.[a-z][a-z0-9_]*(?:\[\d+\])*)*)"
-    r"\s*:\s*(?P<value>.*)$"
-)
-_DTYPE_RE = re.compile(r"^tf\.([a-z][a-z0-9_]*)$")
-_CLASS_PATH_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+$")
-_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
 class _RequiredMarker:
@@ -93,93 +82,6 @@ REQUIRED = _RequiredMarker()
 """Default for a param that must be set before `InstantiableParams.Instantiate`."""
 
 
-def _IsDType(value: Any) -> bool:
-    # Duck-typed so this module does not need to import TensorFlow.
-    cls = type(value)
-    return cls.__name__ == "DType" and cls.__module__.startswith("tensorflow")
-
-
-def _IsPlainLiteral(value: Any) -> bool:
-    """Whether `repr(value)` is read back by `ast.literal_eval` as an equal value."""
-    kind = type(value)
-    if value is None or kind in (bool, int, str, bytes):
-        return True
-    if kind is float:
-        return math.isfinite(value)
-    if kind is complex:
-        return math.isfinite(value.real) and math.isfinite(value.imag)
-    if kind in (list, tuple, set):
-        return all(_IsPlainLiteral(v) for v in value)
-    if kind is dict:
-        return all(_IsPlainLiteral(k) and _IsPlainLiteral(v) for k, v in value.items())
-    return False
-
-
-def _ClassPath(cls: type) -> str | None:
-    if "<" in cls.__qualname__:  # Defined inside a function: no importable path.
-        return None
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _ValueText(value: Any) -> str | None:
-    """The text `FromText` reads back as `value`, or None if there is none."""
-    if value is REQUIRED:
-        return "REQUIRED"
-    if _IsDType(value):
-        return f"tf.{value.name}"
-    if isinstance(value, type):
-        return _ClassPath(value)
-    if type(value) is float and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if _IsPlainLiteral(value):
-        return repr(value)
-    return None
-
-
-def _OpaqueText(value: Any) -> str:
-    """A stable one-line `<...>` description of a value that has no text form.
-
-    Stable means no memory addresses, so a Copy() is described the same way.
-    """
-    return f"<{_Describe(value)}>"
-
-
-def _Describe(value: Any) -> str:
-    if type(value) in (list, tuple):
-        items = [_ValueText(v) or _Describe(v) for v in value]
-        if type(value) is list:
-            return f"[{', '.join(items)}]"
-        return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
-    if type(value) is dict:
-        items = [
-            f"{_ValueText(k) or _Describe(k)}: {_ValueText(v) or _Describe(v)}"
-            for k, v in value.items()
-        ]
-        return f"{{{', '.join(items)}}}"
-    name = getattr(value, "__qualname__", None)
-    module = getattr(value, "__module__", None)
-    if isinstance(name, str) and isinstance(module, str):
-        kind = "class" if isinstance(value, type) else "function"
-        return f"{kind} {module}.{name}"
-    return f"{type(value).__module__}.{type(value).__qualname__} object"
-
-
-def _TextOf(value: Any) -> str:
-    """The ToText form of `value`: its text form, else its `<...>` description."""
-    text = _ValueText(value)
-    return _OpaqueText(value) if text is None else text
-
-
-def _TypeName(value: Any) -> str:
-    if value is REQUIRED:
-        return "REQUIRED"
-    if _IsDType(value):
-        return "tf.DType"
-    if isinstance(value, type):
-        return "class"
-    return type(value).__name__
-
-
 def _ParamsItems(value: Any) -> list[tuple[str, Params]] | None:
     """(suffix, child) pairs if `value` is a Params or a non-empty list/tuple of them."""
     if isinstance(value, Params):
@@ -197,7 +99,7 @@ def _CopyValue(value: Any) -> Any:
         return type(value)(_CopyValue(v) for v in value)
     if type(value) is dict:
         return {k: _CopyValue(v) for k, v in value.items()}
-    if value is REQUIRED or _IsDType(value) or isinstance(value, type):
+    if value is REQUIRED or params_text.IsDType(value) or isinstance(value, type):
         return value
     return copy.deepcopy(value)  # Functions come back as themselves.
 
@@ -207,105 +109,6 @@ def _ValuesEqual(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:  # e.g. arrays, whose == is element-wise.
         return a is b
-
-
-def _StripComment(text: str) -> str:
-    """Drops a trailing `# ...` comment that is not inside a string literal."""
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-            if tok.type == tokenize.COMMENT:
-                return text[: tok.start[1]].rstrip()
-    except (tokenize.TokenError, SyntaxError):
-        pass  # Malformed text: ast.literal_eval will reject it with a clear error.
-    return text
-
-
-def _ResolveClass(path: str) -> type | None:
-    """The class at dotted `path` in an already-imported module, without running code."""
-    parts = path.split(".")
-    if any(part.startswith("__") for part in parts):
-        return None
-    for split in range(len(parts) - 1, 0, -1):
-        module = sys.modules.get(".".join(parts[:split]))
-        if module is None:
-            continue
-        obj: Any = module
-        try:
-            for attr in parts[split:]:
-                obj = inspect.getattr_static(obj, attr)
-        except AttributeError:
-            return None
-        return obj if isinstance(obj, type) else None
-    return None
-
-
-class _NotLiteralError(ValueError):
-    pass
-
-
-def _ParseValue(text: str) -> Any:
-    """Parses one value of the text format; raises _NotLiteralError otherwise."""
-    if text == "REQUIRED":
-        return REQUIRED
-    if text in _NON_FINITE:
-        return _NON_FINITE[text]
-    match = _DTYPE_RE.match(text)
-    if match:
-        tf = importlib.import_module("tensorflow")  # A fixed module, never one from text.
-        try:
-            return tf.as_dtype(match.group(1))
-        except (TypeError, ValueError) as e:
-            raise _NotLiteralError(f"{text!r} is not a TensorFlow dtype") from e
-    if _CLASS_PATH_RE.match(text):
-        cls = _ResolveClass(text)
-        if cls is None:
-            raise _NotLiteralError(f"{text!r} does not name a class in an imported module")
-        return cls
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:
-        raise _NotLiteralError(f"{text!r}") from e
-
-
-def _Coerce(current: Any, new: Any) -> tuple[bool, Any]:
-    """Checks `new` (read from text) against the type of `current`.
-
-    Returns (ok, value to store). Only clear mismatches fail: None and REQUIRED fit
-    anything, an int fits a float param (stored as float), a list fits a tuple
-    param and vice versa (stored as the current container type).
-    """
-    if new is None or new is REQUIRED or current is None or current is REQUIRED:
-        return True, new
-    if isinstance(current, bool):
-        return isinstance(new, bool), new
-    if isinstance(current, int):
-        return isinstance(new, int) and not isinstance(new, bool), new
-    if isinstance(current, float):
-        if isinstance(new, (int, float)) and not isinstance(new, bool):
-            return True, float(new)
-        return False, new
-    if isinstance(current, (list, tuple)):
-        if not isinstance(new, (list, tuple)):
-            return False, new
-        return True, type(current)(new) if type(current) in (list, tuple) else new
-    if isinstance(current, Params):
-        return False, new  # Only None replaces a nested Params from text.
-    for kind in ((str,), (bytes,), (dict,), (set, frozenset), (type,)):
-        if isinstance(current, kind):
-            return isinstance(new, kind), new
-    if _IsDType(current):
-        return _IsDType(new), new
-    return True, new  # No text form to check against (functions, objects).
-
-
-def _ExpectedTypeName(current: Any) -> str:
-    if isinstance(current, Params):
-        return "a nested Params (set its fields as 'key.field : value', or None)"
-    if isinstance(current, (list, tuple)):
-        return "list or tuple"
-    if isinstance(current, float):
-        return "float (or int)"
-    return _TypeName(current)
 
 
 class _Param:
@@ -598,7 +401,7 @@ class Params:
         for key, value in self.IterParams():
             items = _ParamsItems(value)
             if items is None:
-                lines.append(f"{indent}{key}: {_TextOf(value)}")
+                lines.append(f"{indent}{key}: {params_text.TextOf(value)}")
                 continue
             for suffix, child in items:
                 child_lines = child._StrLines(depth + 1)
@@ -627,8 +430,8 @@ class Params:
         """
         lines = []
         for key, value in sorted(self._Flatten().items()):
-            line = f"{key} : {_TextOf(value)}"
-            lines.append(f"{line}  # {_TypeName(value)}" if include_types else line)
+            line = f"{key} : {params_text.TextOf(value)}"
+            lines.append(f"{line}  # {params_text.TypeName(value)}" if include_types else line)
         return "".join(line + "\n" for line in lines)
 
     def FromText(self, text: str) -> Params:
@@ -649,17 +452,18 @@ class Params:
             line = raw.strip()
             if not line or line.startswith("#"):
                 continue
-            match = _LINE_RE.match(line)
-            if not match:
+            parts = params_text.SplitLine(line)
+            if parts is None:
                 raise ValueError(f"FromText line {lineno}: expected 'name : value'; got {line!r}.")
-            key, value_text = match.group("key"), _StripComment(match.group("value"))
+            key, value_text = parts
             try:
-                value = _ParseValue(value_text)
-            except _NotLiteralError as e:
+                value = params_text.ParseValue(value_text)
+            except params_text.NotLiteralError as e:
                 # Parsed before the name is looked up, so that text trying to run code
                 # is reported as such whatever name it uses.
                 current = self.Get(key) if key in self else None
-                if _ValueText(current) is None and value_text == _OpaqueText(current):
+                no_text = params_text.ValueText(current) is None
+                if no_text and value_text == params_text.OpaqueText(current):
                     continue  # ToText's description of a value it cannot write.
                 raise ValueError(
                     f"FromText line {lineno}: value for {key!r} is not a literal: {e}. "
@@ -667,12 +471,12 @@ class Params:
                     "paths of classes in imported modules."
                 ) from None
             current = self.Get(key)
-            ok, value = _Coerce(current, value)
+            ok, value = params_text.Coerce(current, value)
             if not ok:
                 raise ValueError(
                     f"FromText line {lineno}: param {key!r} expects "
-                    f"{_ExpectedTypeName(current)}; received {value_text} "
-                    f"({_TypeName(value)})."
+                    f"{params_text.ExpectedTypeName(current)}; received {value_text} "
+                    f"({params_text.TypeName(value)})."
                 )
             updates[key] = value
         return self.Set(**updates)
@@ -691,7 +495,7 @@ class Params:
                 continue
             for mark, flat in ((">", mine), ("<", theirs)):
                 if key in flat:
-                    lines.append(f"{mark} {key} : {_TextOf(flat[key])}")
+                    lines.append(f"{mark} {key} : {params_text.TextOf(flat[key])}")
         return "".join(line + "\n" for line in lines)
 
     def _RequiredPaths(self, prefix: str = "") -> list[str]:

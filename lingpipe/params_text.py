@@ -1,0 +1,253 @@
+"""The value <-> text format behind `Params.ToText`, `FromText` and `TextDiff`.
+
+One line of text is `name : value`, optionally followed by a `# comment`. A value
+is written as:
+
+  * a Python literal, via `repr` (ints, floats, bools, None, strings, bytes, and
+    lists/tuples/dicts/sets of those).
+  * `inf`, `-inf`, `nan` for non-finite floats.
+  * `tf.<name>` for a `tf.DType`, e.g. `tf.float32`.
+  * the bare dotted path `module.Class` for a class.
+  * the bare word `REQUIRED` for `hyperparams.REQUIRED`.
+  * `<...>` for anything else: a description that cannot be read back.
+
+Reading never evaluates text and never imports what text names: literals go through
+`ast.literal_eval`, the other forms are matched by pattern, and a class path is
+looked up without running code (`inspect.getattr_static`) in modules that are
+already imported. TensorFlow is imported, lazily, only to read `tf.<name>`.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import io
+import math
+import re
+import sys
+import tokenize
+from typing import Any
+
+# `hyperparams` imports this module too. Both refer to each other only inside
+# functions, so either may be imported first.
+from lingpipe import hyperparams
+
+_LINE_RE = re.compile(
+    r"^(?P<key>[a-z][a-z0-9_]*(?:\[\d+\])*(?:\.[a-z][a-z0-9_]*(?:\[\d+\])*)*)"
+    r"\s*:\s*(?P<value>.*)$"
+)
+_DTYPE_RE = re.compile(r"^tf\.([a-z][a-z0-9_]*)$")
+_CLASS_PATH_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+$")
+_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+class NotLiteralError(ValueError):
+    """`ParseValue` was given text that is none of the accepted value forms."""
+
+
+# ---- value -> text ---------------------------------------------------------------
+
+
+def IsDType(value: Any) -> bool:
+    """Whether `value` is a `tf.DType`, checked without importing TensorFlow."""
+    cls = type(value)
+    return cls.__name__ == "DType" and cls.__module__.startswith("tensorflow")
+
+
+def ValueText(value: Any) -> str | None:
+    """The text `ParseValue` reads back as `value`, or None if there is none."""
+    if value is hyperparams.REQUIRED:
+        return "REQUIRED"
+    if IsDType(value):
+        return f"tf.{value.name}"
+    if isinstance(value, type):
+        return _ClassPath(value)
+    if type(value) is float and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if _IsPlainLiteral(value):
+        return repr(value)
+    return None
+
+
+def OpaqueText(value: Any) -> str:
+    """A stable one-line `<...>` description of a value that has no text form.
+
+    Stable means no memory addresses, so a Copy() is described the same way.
+    """
+    return f"<{_Describe(value)}>"
+
+
+def TextOf(value: Any) -> str:
+    """The ToText form of `value`: its text form, else its `<...>` description."""
+    text = ValueText(value)
+    return OpaqueText(value) if text is None else text
+
+
+def TypeName(value: Any) -> str:
+    """The short type name that `ToText(include_types=True)` and errors show."""
+    if value is hyperparams.REQUIRED:
+        return "REQUIRED"
+    if IsDType(value):
+        return "tf.DType"
+    if isinstance(value, type):
+        return "class"
+    return type(value).__name__
+
+
+def _IsPlainLiteral(value: Any) -> bool:
+    """Whether `repr(value)` is read back by `ast.literal_eval` as an equal value."""
+    kind = type(value)
+    if value is None or kind in (bool, int, str, bytes):
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if kind is complex:
+        return math.isfinite(value.real) and math.isfinite(value.imag)
+    if kind in (list, tuple, set):
+        return all(_IsPlainLiteral(v) for v in value)
+    if kind is dict:
+        return all(_IsPlainLiteral(k) and _IsPlainLiteral(v) for k, v in value.items())
+    return False
+
+
+def _ClassPath(cls: type) -> str | None:
+    if "<" in cls.__qualname__:  # Defined inside a function: no importable path.
+        return None
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _Describe(value: Any) -> str:
+    if type(value) in (list, tuple):
+        items = [ValueText(v) or _Describe(v) for v in value]
+        if type(value) is list:
+            return f"[{', '.join(items)}]"
+        return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+    if type(value) is dict:
+        items = [
+            f"{ValueText(k) or _Describe(k)}: {ValueText(v) or _Describe(v)}"
+            for k, v in value.items()
+        ]
+        return f"{{{', '.join(items)}}}"
+    name = getattr(value, "__qualname__", None)
+    module = getattr(value, "__module__", None)
+    if isinstance(name, str) and isinstance(module, str):
+        kind = "class" if isinstance(value, type) else "function"
+        return f"{kind} {module}.{name}"
+    return f"{type(value).__module__}.{type(value).__qualname__} object"
+
+
+# ---- text -> value ---------------------------------------------------------------
+
+
+def SplitLine(line: str) -> tuple[str, str] | None:
+    """(dotted name, value text) of a `name : value  # comment` line; None if malformed.
+
+    The comment, if any, is dropped from the value text.
+    """
+    match = _LINE_RE.match(line)
+    if not match:
+        return None
+    return match.group("key"), _StripComment(match.group("value"))
+
+
+def ParseValue(text: str) -> Any:
+    """The value that `text` (one value of the text format) stands for.
+
+    Raises:
+      NotLiteralError: `text` is none of the forms in the module docstring, names a
+        dtype TensorFlow does not know, or a class that is not in an imported module.
+    """
+    if text == "REQUIRED":
+        return hyperparams.REQUIRED
+    if text in _NON_FINITE:
+        return _NON_FINITE[text]
+    match = _DTYPE_RE.match(text)
+    if match:
+        tf = importlib.import_module("tensorflow")  # A fixed module, never one from text.
+        try:
+            return tf.as_dtype(match.group(1))
+        except (TypeError, ValueError) as e:
+            raise NotLiteralError(f"{text!r} is not a TensorFlow dtype") from e
+    if _CLASS_PATH_RE.match(text):
+        cls = _ResolveClass(text)
+        if cls is None:
+            raise NotLiteralError(f"{text!r} does not name a class in an imported module")
+        return cls
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:
+        raise NotLiteralError(f"{text!r}") from e
+
+
+def Coerce(current: Any, new: Any) -> tuple[bool, Any]:
+    """Checks `new` (read from text) against the type of `current`.
+
+    Returns (ok, value to store). Only clear mismatches fail: None and REQUIRED fit
+    anything, an int fits a float param (stored as float), a list fits a tuple
+    param and vice versa (stored as the current container type).
+    """
+    required = hyperparams.REQUIRED
+    if new is None or new is required or current is None or current is required:
+        return True, new
+    if isinstance(current, bool):
+        return isinstance(new, bool), new
+    if isinstance(current, int):
+        return isinstance(new, int) and not isinstance(new, bool), new
+    if isinstance(current, float):
+        if isinstance(new, (int, float)) and not isinstance(new, bool):
+            return True, float(new)
+        return False, new
+    if isinstance(current, (list, tuple)):
+        if not isinstance(new, (list, tuple)):
+            return False, new
+        return True, type(current)(new) if type(current) in (list, tuple) else new
+    if isinstance(current, hyperparams.Params):
+        return False, new  # Only None replaces a nested Params from text.
+    for kind in ((str,), (bytes,), (dict,), (set, frozenset), (type,)):
+        if isinstance(current, kind):
+            return isinstance(new, kind), new
+    if IsDType(current):
+        return IsDType(new), new
+    return True, new  # No text form to check against (functions, objects).
+
+
+def ExpectedTypeName(current: Any) -> str:
+    """What `Coerce` accepts in place of `current`, for an error message."""
+    if isinstance(current, hyperparams.Params):
+        return "a nested Params (set its fields as 'key.field : value', or None)"
+    if isinstance(current, (list, tuple)):
+        return "list or tuple"
+    if isinstance(current, float):
+        return "float (or int)"
+    return TypeName(current)
+
+
+def _StripComment(text: str) -> str:
+    """Drops a trailing `# ...` comment that is not inside a string literal."""
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.COMMENT:
+                return text[: tok.start[1]].rstrip()
+    except (tokenize.TokenError, SyntaxError):
+        pass  # Malformed text: ast.literal_eval will reject it with a clear error.
+    return text
+
+
+def _ResolveClass(path: str) -> type | None:
+    """The class at dotted `path` in an already-imported module, without running code."""
+    parts = path.split(".")
+    if any(part.startswith("__") for part in parts):
+        return None
+    for split in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:split]))
+        if module is None:
+            continue
+        obj: Any = module
+        try:
+            for attr in parts[split:]:
+                obj = inspect.getattr_static(obj, attr)
+        except AttributeError:
+            return None
+        return obj if isinstance(obj, type) else None
+    return None

@@ -1,0 +1,104 @@
+"""Tests for lingpipe.params_text: the value <-> text format used by Params."""
+
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from lingpipe import params_text
+from lingpipe.hyperparams import REQUIRED, Params
+
+
+class MyLayer:
+    pass
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0, -3, 1.5, True, None, "a\nb # not a comment", b"\x00", 2j, [1, (2, 3)], {"k": {4}}],
+)
+def test_literals_round_trip(value):
+    text = params_text.ValueText(value)
+    assert text == repr(value)
+    assert params_text.ParseValue(text) == value
+
+
+def test_special_forms_round_trip():
+    for value in (REQUIRED, tf.float32, tf.int64, tf.bfloat16, MyLayer, math.inf, -math.inf):
+        assert params_text.ParseValue(params_text.ValueText(value)) == value
+    assert params_text.ValueText(tf.float32) == "tf.float32"
+    assert params_text.ParseValue("tf.bfloat16") is tf.bfloat16
+    assert params_text.ValueText(REQUIRED) == "REQUIRED"
+    assert params_text.ParseValue("REQUIRED") is REQUIRED
+    assert params_text.ValueText(MyLayer) == f"{__name__}.MyLayer"
+    assert math.isnan(params_text.ParseValue(params_text.ValueText(math.nan)))
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("__import__('os')", "\"__import__('os')\""),
+        ("open('/etc/passwd').read()", "\"open('/etc/passwd').read()\""),
+        ("os.system", "'os.system' does not name a class in an imported module"),
+        ("math.__class__", "'math.__class__' does not name a class"),
+        ("builtins.__import__", "'builtins.__import__' does not name a class"),
+        ("tf.not_a_dtype", "'tf.not_a_dtype' is not a TensorFlow dtype"),
+        ("<function f>", "'<function f>'"),
+    ],
+)
+def test_parse_value_refuses_code(text, message):
+    with pytest.raises(params_text.NotLiteralError, match="^" + re.escape(message)):
+        params_text.ParseValue(text)
+
+
+def test_not_literal_error_is_value_error():
+    assert issubclass(params_text.NotLiteralError, ValueError)
+
+
+def test_text_of_describes_values_without_a_text_form():
+    def Fn():
+        pass
+
+    assert params_text.ValueText(Fn) is None
+    assert params_text.TextOf(Fn) == f"<function {__name__}.{Fn.__qualname__}>"
+    assert params_text.TextOf([1, REQUIRED, len]) == "<[1, REQUIRED, function builtins.len]>"
+    assert params_text.TextOf((len,)) == "<(function builtins.len,)>"
+    assert params_text.OpaqueText(object()) == "<builtins.object object>"
+
+
+def test_type_name():
+    assert params_text.TypeName(REQUIRED) == "REQUIRED"
+    assert params_text.TypeName(tf.float32) == "tf.DType"
+    assert params_text.TypeName(MyLayer) == "class"
+    assert params_text.TypeName(4) == "int"
+    assert params_text.IsDType(tf.float32)
+    assert not params_text.IsDType("float32")
+
+
+def test_split_line():
+    assert params_text.SplitLine("a.b[1].c : 'x # y'  # note") == ("a.b[1].c", "'x # y'")
+    assert params_text.SplitLine("dim:4") == ("dim", "4")
+    assert params_text.SplitLine("Dim : 4") is None
+    assert params_text.SplitLine("dim = 4") is None
+
+
+def test_coerce():
+    assert params_text.Coerce(1.0, 2) == (True, 2.0)
+    assert params_text.Coerce((1, 2), [3]) == (True, (3,))
+    assert params_text.Coerce(1, True) == (False, True)
+    assert params_text.Coerce("s", REQUIRED) == (True, REQUIRED)
+    assert params_text.Coerce(Params(), None) == (True, None)
+    assert params_text.Coerce(Params(), 3) == (False, 3)
+    assert params_text.Coerce(tf.float32, "float32") == (False, "float32")
+    assert params_text.ExpectedTypeName(1.0) == "float (or int)"
+    assert params_text.ExpectedTypeName(Params()).startswith("a nested Params")
+
+
+def test_either_module_can_be_imported_first():
+    # The two modules import each other; neither order may fail.
+    for first in ("lingpipe.params_text", "lingpipe.hyperparams"):
+        code = f"import {first}; from lingpipe import hyperparams; hyperparams.Params().ToText()"
+        subprocess.run([sys.executable, "-c", code], check=True)
