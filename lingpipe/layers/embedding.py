@@ -84,16 +84,7 @@ class EmbeddingLayer(base_layer.BaseLayer):
         """inputs: [..., embedding_dim] -> [..., vocab_size] = inputs @ emb^T."""
         p = self.params
         inputs = tf.convert_to_tensor(inputs, dtype=self.fprop_dtype)
-        shape = inputs.shape
-        if shape.rank == 0:
-            raise ValueError(
-                f"{self.path}: expected inputs of rank >= 1 with inputs.shape[-1] == "
-                f"embedding_dim, received a scalar"
-            )
-        if shape.rank is not None and shape[-1] is not None:
-            asserts.Eq(
-                shape[-1], p.embedding_dim, "inputs.shape[-1]", "embedding_dim", where=self.path
-            )
+        linear.CheckLastDim(inputs, p.embedding_dim, "embedding_dim", self.path)
         emb = tf.cast(theta.emb, self.fprop_dtype)
         return linear.MatMulLastDim(inputs, emb, transpose_w=True)
 

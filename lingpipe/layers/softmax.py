@@ -184,14 +184,7 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
         """inputs: [..., input_dims] -> logits [..., num_classes]."""
         p = self.params
         inputs = tf.convert_to_tensor(inputs, dtype=self.fprop_dtype)
-        shape = inputs.shape
-        if shape.rank == 0:
-            raise ValueError(
-                f"{self.path}: expected inputs of rank >= 1 with inputs.shape[-1] == "
-                f"input_dims, received a scalar"
-            )
-        if shape.rank is not None and shape[-1] is not None:
-            asserts.Eq(shape[-1], p.input_dims, "inputs.shape[-1]", "input_dims", where=self.path)
+        linear.CheckLastDim(inputs, p.input_dims, "input_dims", self.path)
         logits = linear.MatMulLastDim(inputs, tf.cast(theta.weight, self.fprop_dtype))
         if p.has_bias:
             logits += tf.cast(theta.bias, self.fprop_dtype)
