@@ -9,5 +9,5 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["lingpipe", "lingpipe.*", "params", "params.*"]),
     python_requires=">=3.10",
     install_requires=["tensorflow>=2.16", "numpy", "absl-py"],
-    extras_require={"test": ["pytest>=7", "ruff"]},
+    extras_require={"test": ["pytest>=7", "ruff", "scikit-learn"]},
 )
