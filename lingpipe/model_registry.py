@@ -1,0 +1,185 @@
+"""The model registry: named model params classes, looked up by key as Lingvo does.
+
+A model params class lives in a module of the top-level `params` package, one module
+per model family, and registers itself with a decorator:
+
+    # params/lm.py
+    @model_registry.RegisterSingleTaskModel
+    class TransformerLmTiny(base_model_params.SingleTaskModelParams):
+      ...
+
+Its key is the module path after 'params.' and the class name: 'lm.TransformerLmTiny'
+(a class in params/mt/wmt.py is 'mt.wmt.Foo'). `GetParams(key, dataset)` imports the
+family's module on demand, so the trainer needs no list of imports:
+
+    p = model_registry.GetParams('lm.TransformerLmTiny', 'Train')  # task params
+    p.input                       # the input params of the class's Train()
+    task = p.Instantiate()
+
+Errors name what was asked for and what exists: an unknown key lists close matches
+and the family's registered keys, an unknown family the modules of `params`, an
+unknown dataset the class's datasets.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import pkgutil
+
+from lingpipe import hyperparams
+from lingpipe.models import base_model_params
+
+_PACKAGE = "params"
+
+# Registered classes by key, e.g. {'lm.TransformerLmTiny': TransformerLmTiny}.
+_MODELS: dict[str, type] = {}
+
+
+def _Family(key: str) -> str:
+    """'lm' of 'lm.TransformerLmTiny', 'mt.wmt' of 'mt.wmt.Foo'."""
+    return key.rpartition(".")[0]
+
+
+def _KeyOf(cls: type) -> str:
+    module = cls.__module__
+    if not module.startswith(_PACKAGE + "."):
+        raise ValueError(
+            f"RegisterSingleTaskModel: {cls.__name__} is defined in module {module!r}; "
+            f"registered model params must live in a module of the top-level "
+            f"{_PACKAGE!r} package (e.g. {_PACKAGE}/lm.py, key 'lm.{cls.__name__}')"
+        )
+    return f"{module[len(_PACKAGE) + 1 :]}.{cls.__name__}"
+
+
+def RegisterSingleTaskModel(cls: type) -> type:
+    """Class decorator: registers a SingleTaskModelParams subclass under its key.
+
+    Returns the class unchanged. Registering the same class again is a no-op;
+    another class under an existing key is an error.
+
+    Raises:
+      TypeError: `cls` is not a SingleTaskModelParams subclass.
+      ValueError: `cls` is not in a module under `params`, or its key is taken.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, base_model_params.SingleTaskModelParams)):
+        raise TypeError(
+            "RegisterSingleTaskModel expects a subclass of "
+            f"base_model_params.SingleTaskModelParams, received {cls!r}"
+        )
+    key = _KeyOf(cls)
+    existing = _MODELS.get(key)
+    if existing is not None and existing is not cls:
+        raise ValueError(
+            f"RegisterSingleTaskModel: model {key!r} is already registered (by "
+            f"{existing.__module__}.{existing.__qualname__}); give the class another name"
+        )
+    _MODELS[key] = cls
+    return cls
+
+
+def _FamilyModules() -> list[str]:
+    """Names of the families in the `params` package: its modules, 'lm', 'mt.wmt', ..."""
+    package = importlib.import_module(_PACKAGE)
+    return sorted(
+        info.name[len(_PACKAGE) + 1 :]
+        for info in pkgutil.walk_packages(package.__path__, prefix=_PACKAGE + ".")
+    )
+
+
+def _ImportFamily(family: str, key: str | None = None) -> None:
+    """Imports params.<family>, which registers its classes."""
+    module = f"{_PACKAGE}.{family}"
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        # Only a missing family module is the user's typo; a missing import inside
+        # an existing family module is that module's error.
+        if e.name is None or not (module == e.name or module.startswith(e.name + ".")):
+            raise
+        asked = f" in model {key!r}" if key is not None else ""
+        known = _FamilyModules()
+        close = difflib.get_close_matches(family, known)
+        hint = f" Did you mean: {close}?" if close else ""
+        raise ValueError(
+            f"Unknown model family {family!r}{asked}: there is no module {module}.{hint} "
+            f"Known families: {known}"
+        ) from None
+
+
+def GetClass(key: str) -> type:
+    """The SingleTaskModelParams subclass registered as `key`, importing its family.
+
+    Raises:
+      ValueError: `key` is malformed, its family module does not exist, or the
+        family has no such class (with close matches and the family's keys).
+    """
+    if not isinstance(key, str) or not _Family(key) or not key.rpartition(".")[2]:
+        raise ValueError(
+            f"Received an invalid model key {key!r}, expected '<family>.<ClassName>' "
+            "(e.g. 'lm.TransformerLmTiny')"
+        )
+    if key in _MODELS:
+        return _MODELS[key]
+    family = _Family(key)
+    _ImportFamily(family, key)
+    if key in _MODELS:
+        return _MODELS[key]
+    # Class names only: the family prefix they share would make every key look close.
+    in_family = sorted(k for k in _MODELS if _Family(k) == family)
+    names = [k.rpartition(".")[2] for k in in_family]
+    close = [f"{family}.{n}" for n in difflib.get_close_matches(key.rpartition(".")[2], names)]
+    message = f"Unknown model {key!r}."
+    if close:
+        message += f" Did you mean: {close}?"
+    message += f" Models registered in family {family!r}: {in_family}"
+    raise ValueError(message)
+
+
+def ListKeys(family: str | None = None) -> list[str]:
+    """Sorted registered keys, of one family or (importing every module of `params`) of all."""
+    for name in [family] if family is not None else _FamilyModules():
+        _ImportFamily(name)
+    return sorted(k for k in _MODELS if family is None or _Family(k) == family)
+
+
+def _DatasetMethod(cls: type, key: str, dataset: str) -> str:
+    """The name of `cls`'s dataset method matching `dataset` case-insensitively."""
+    datasets = cls.Datasets()
+    if dataset in datasets:
+        return dataset
+    matches = [d for d in datasets if isinstance(dataset, str) and d.lower() == dataset.lower()]
+    if len(matches) != 1:
+        raise ValueError(
+            f"Model {key!r} has no dataset {dataset!r}; expected one of {datasets} "
+            "(case-insensitive)"
+        )
+    return matches[0]
+
+
+def GetParams(key: str, dataset: str) -> hyperparams.InstantiableParams:
+    """The task params of model `key`, with `input` set to `dataset`'s input params.
+
+    Args:
+      key: '<family>.<ClassName>', e.g. 'lm.TransformerLmTiny'.
+      dataset: 'Train', 'Dev', 'Test' (any case), or another dataset method of the class.
+
+    Raises:
+      ValueError: unknown key, family or dataset, or Task() gives params without `input`.
+    """
+    cls = GetClass(key)
+    method = _DatasetMethod(cls, key, dataset)
+    model = cls()
+    task_params = model.Task()
+    if not isinstance(task_params, hyperparams.InstantiableParams) or "input" not in task_params:
+        raise ValueError(
+            f"Model {key!r}: Task() must return task params with an `input` param "
+            f"(from a BaseTask subclass's Params()), received {type(task_params).__name__}"
+            + (
+                f" for {task_params.cls!r}"
+                if isinstance(task_params, hyperparams.InstantiableParams)
+                else ""
+            )
+        )
+    task_params.input = getattr(model, method)()
+    return task_params

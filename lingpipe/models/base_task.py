@@ -1,0 +1,298 @@
+"""BaseTask: a model with its loss and training recipe; SingleTaskModel: a model of one task.
+
+A task is a layer whose FProp maps an input batch to metrics. A subclass defines
+the network's output and the loss:
+
+    class Regression(base_task.BaseTask):
+
+      def __init__(self, params):
+        super().__init__(params)
+        self.CreateChild('proj', linear.LinearLayer.Params().Set(input_dims=4, output_dims=1))
+
+      def ComputePredictions(self, theta, input_batch):
+        return self.proj.FProp(theta.proj, input_batch.x)             # [batch, 1]
+
+      def ComputeLoss(self, theta, predictions, input_batch):
+        loss = tf.reduce_mean(tf.square(predictions - input_batch.y))
+        return NestedMap(loss=(loss, tf.cast(tf.shape(predictions)[0], tf.float32)))
+
+Every metric is a `(value, weight)` pair of scalars, the weight saying how much the
+value counts when averaged over batches (e.g. the number of examples); `loss` is the
+one that is minimised. Training, as the train loop drives it:
+
+    task = p.Instantiate()
+    task.CreateOptimizer()                  # eagerly: slots beside their variables
+    train_step = tf.function(task.TrainStep)
+    metrics = train_step(batch, step)       # loss, grad_norm, learning_rate, ...
+
+`TrainStep` takes gradients of `loss` (plus the L2 term) with a tape, clips them by
+their global norm, and applies them with rate `p.train.learning_rate *
+schedule.Value(step)`. The task tracks its optimizer, so `tf.train.Checkpoint(
+task=task)` saves the optimizer's slots beside the weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from lingpipe import asserts, base_layer, hyperparams, optimizers, schedules, seeds
+from lingpipe.nested_map import NestedMap
+
+
+def _TrainParams() -> hyperparams.Params:
+    p = hyperparams.Params()
+    p.Define("optimizer", optimizers.Adam.Params(), "Params of the optimizer.")
+    p.Define("learning_rate", 1e-3, "Base learning rate; the schedule multiplies it.")
+    p.Define("lr_schedule", schedules.Constant.Params(), "Params of the learning-rate schedule.")
+    p.Define(
+        "clip_gradient_norm_to_value",
+        0.0,
+        "If > 0, gradients are scaled down so that their global norm is at most this.",
+    )
+    p.Define(
+        "l2_regularizer_weight",
+        0.0,
+        "Weight of the L2 term weight * sum(w^2) / 2 over the trainable variables of "
+        "layers that do not set skip_lp_regularization.",
+    )
+    p.Define("max_steps", 1000, "Number of training steps.")
+    return p
+
+
+def _EvalParams() -> hyperparams.Params:
+    p = hyperparams.Params()
+    p.Define("samples_per_summary", 1000, "Examples to evaluate for one eval summary.")
+    return p
+
+
+def _CheckNonNegative(value: Any, name: str, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"{where}: expected {name} >= 0, received {name}={value!r}")
+
+
+def LpRegularizedVariables(layer: base_layer.BaseLayer) -> list[tf.Variable]:
+    """Trainable variables of `layer`'s tree whose layer does not set skip_lp_regularization."""
+    found: dict[Any, tf.Variable] = {}
+
+    def Visit(node: base_layer.BaseLayer) -> None:
+        if not node.params.skip_lp_regularization:
+            for v in node.vars.values():
+                if isinstance(v, tf.Variable) and v.trainable:
+                    found.setdefault(v.ref(), v)
+        for child in node.children.values():
+            for c in child if isinstance(child, list) else [child]:
+                Visit(c)
+
+    Visit(layer)
+    return list(found.values())
+
+
+class BaseTask(base_layer.BaseLayer):
+    """A layer that computes metrics from an input batch and knows how it is trained."""
+
+    @classmethod
+    def Params(cls) -> hyperparams.InstantiableParams:
+        p = super().Params()
+        p.Define(
+            "input",
+            None,
+            "Params of the input generator; model_registry.GetParams sets them. May be None.",
+        )
+        p.Define("train", _TrainParams(), "How the task is trained.")
+        p.Define("eval", _EvalParams(), "How the task is evaluated.")
+        return p
+
+    def __init__(self, params: hyperparams.InstantiableParams) -> None:
+        super().__init__(params)
+        tp = self.params.train
+        where = self.path
+        asserts.Gt(tp.learning_rate, 0, "train.learning_rate", where=where)
+        _CheckNonNegative(
+            tp.clip_gradient_norm_to_value, "train.clip_gradient_norm_to_value", where
+        )
+        _CheckNonNegative(tp.l2_regularizer_weight, "train.l2_regularizer_weight", where)
+        asserts.Positive(tp.max_steps, "train.max_steps", where=where)
+        # object.__setattr__: plain Python state that tf.Module must not track.
+        object.__setattr__(self, "_lr_schedule", tp.lr_schedule.Instantiate())
+        object.__setattr__(self, "_optimizer", None)
+
+    # ---- What subclasses define ----------------------------------------------
+
+    def ComputePredictions(self, theta: NestedMap, input_batch: NestedMap) -> Any:
+        """The network's output for `input_batch` (any structure ComputeLoss takes)."""
+        raise TypeError(
+            f"{type(self).__name__} must define ComputePredictions(self, theta, input_batch)"
+        )
+
+    def ComputeLoss(self, theta: NestedMap, predictions: Any, input_batch: NestedMap) -> NestedMap:
+        """NestedMap of metrics, each a (value, weight) pair of scalars; `loss` is required."""
+        raise TypeError(
+            f"{type(self).__name__} must define ComputeLoss(self, theta, predictions, "
+            "input_batch), returning NestedMap(loss=(value, weight), ...)"
+        )
+
+    # ---- Forward ---------------------------------------------------------------
+
+    def _CheckMetrics(self, metrics: Any) -> NestedMap:
+        where = f"{self.path}: ComputeLoss"
+        if not isinstance(metrics, dict):
+            raise ValueError(
+                f"{where} must return a NestedMap of (value, weight) pairs, received "
+                f"{type(metrics).__name__}"
+            )
+        if "loss" not in metrics:
+            raise ValueError(
+                f"{where} must return a metric named 'loss' (the value to minimise), "
+                f"received metrics {sorted(metrics)}"
+            )
+        bad = sorted(
+            k for k, v in metrics.items() if not isinstance(v, (tuple, list)) or len(v) != 2
+        )
+        if bad:
+            raise ValueError(
+                f"{where} must return each metric as a (value, weight) pair, received "
+                + ", ".join(f"{k}={metrics[k]!r}" for k in bad)
+            )
+        loss_rank = tf.convert_to_tensor(metrics["loss"][0]).shape.rank
+        if loss_rank not in (None, 0):
+            raise ValueError(
+                f"{where}: expected loss to be a scalar, received a value of rank {loss_rank}"
+            )
+        return NestedMap({k: tuple(v) for k, v in metrics.items()})
+
+    def FProp(self, theta: NestedMap, input_batch: NestedMap) -> NestedMap:
+        """Metrics of `input_batch`: NestedMap of (value, weight) pairs with `loss`."""
+        if input_batch is None:
+            raise ValueError(
+                f"{self.path}: FProp received input_batch=None; expected the batch from "
+                "the input generator (task.CreateInputGenerator())"
+            )
+        predictions = self.ComputePredictions(theta, input_batch)
+        return self._CheckMetrics(self.ComputeLoss(theta, predictions, input_batch))
+
+    # ---- Input and optimizer -------------------------------------------------
+
+    def CreateInputGenerator(self) -> Any:
+        """Instantiates `p.input`."""
+        if self.params.input is None:
+            raise ValueError(
+                f"{self.path}: params.input is not set, so there is no input to create; "
+                "model_registry.GetParams(key, dataset) sets it, or set "
+                "task_params.input = SomeInput.Params()"
+            )
+        return self.params.input.Instantiate()
+
+    def CreateOptimizer(self) -> optimizers.BaseOptimizer:
+        """Instantiates p.train.optimizer and builds it on the trainable variables, eagerly."""
+        if self._optimizer is not None:
+            raise ValueError(f"{self.path}: CreateOptimizer() was already called")
+        with tf.init_scope():
+            opt = self.params.train.optimizer.Instantiate()
+            opt.Build(self.trainable_variables)
+        object.__setattr__(self, "_optimizer", opt)
+        self._track_trackable(opt, name="optimizer")
+        return opt
+
+    @property
+    def optimizer(self) -> optimizers.BaseOptimizer:
+        """The optimizer of CreateOptimizer()."""
+        if self._optimizer is None:
+            raise ValueError(
+                f"{self.path}: no optimizer yet; call task.CreateOptimizer() once, eagerly, "
+                "before the first TrainStep (slots made while tracing land on CPU:0)"
+            )
+        return self._optimizer
+
+    @property
+    def lr_schedule(self) -> schedules.BaseSchedule:
+        """The learning-rate schedule of p.train.lr_schedule."""
+        return self._lr_schedule
+
+    # ---- Steps -----------------------------------------------------------------
+
+    def _L2Term(self) -> tf.Tensor:
+        """l2_regularizer_weight * sum(w^2) / 2 over the regularised variables."""
+        terms = []
+        for v in LpRegularizedVariables(self):
+            with tf.device(v.device):
+                terms.append(tf.nn.l2_loss(tf.cast(v, tf.float32)))
+        total = tf.add_n(terms) if terms else tf.zeros([], tf.float32)
+        return self.params.train.l2_regularizer_weight * total
+
+    def TrainStep(self, input_batch: NestedMap, step: int | tf.Tensor) -> NestedMap:
+        """One training step (run it inside a tf.function); returns its metrics.
+
+        The forward runs inside `seeds.StepSeedScope(step)`, so dropout draws new
+        masks each step. Besides the task's metrics: `l2_loss` (when the L2 weight is
+        > 0; it is added to `loss` for the gradients but not to the `loss` metric),
+        `grad_norm` (global norm before clipping) and `learning_rate`.
+
+        Args:
+          input_batch: NestedMap of the batch's tensors.
+          step: 0-based step, python int or integer scalar tensor.
+        """
+        tp = self.params.train
+        opt = self.optimizer
+        variables = self.trainable_variables
+        with seeds.StepSeedScope(step), tf.GradientTape() as tape:
+            metrics = self.FProp(self.theta, input_batch)
+            loss = metrics.loss[0]
+            if tp.l2_regularizer_weight > 0:
+                l2_loss = self._L2Term()
+                metrics.l2_loss = (l2_loss, tf.ones([], tf.float32))
+                loss = loss + tf.cast(l2_loss, loss.dtype)
+        grads = tape.gradient(loss, variables)
+        grad_norm = tf.linalg.global_norm(grads)
+        if tp.clip_gradient_norm_to_value > 0:
+            grads, _ = tf.clip_by_global_norm(
+                grads, tp.clip_gradient_norm_to_value, use_norm=grad_norm
+            )
+        learning_rate = tp.learning_rate * self._lr_schedule.Value(step)
+        opt.Apply(grads, variables, learning_rate)
+        metrics.grad_norm = (grad_norm, tf.ones([], tf.float32))
+        metrics.learning_rate = (learning_rate, tf.ones([], tf.float32))
+        return metrics
+
+    def EvalStep(self, input_batch: NestedMap) -> NestedMap:
+        """Metrics of `input_batch` in eval mode (no dropout; batch norm's moving stats)."""
+        with base_layer.EvalMode():
+            return self.FProp(self.theta, input_batch)
+
+
+class SingleTaskModel(base_layer.BaseLayer):
+    """A model of one task: its child `task`, built from the task params."""
+
+    @classmethod
+    def Params(
+        cls, task_params: hyperparams.InstantiableParams | None = None
+    ) -> hyperparams.InstantiableParams:
+        p = super().Params()
+        p.name = "model"
+        p.Define("task", task_params, "Params of the task (a BaseTask subclass).")
+        return p
+
+    def __init__(self, params: hyperparams.InstantiableParams) -> None:
+        super().__init__(params)
+        p = self.params
+        task = p.task
+        if not isinstance(task, hyperparams.InstantiableParams) or not (
+            isinstance(task.cls, type) and issubclass(task.cls, BaseTask)
+        ):
+            received = "None" if task is None else type(task).__name__
+            if isinstance(task, hyperparams.InstantiableParams):
+                received += f" for {task.cls!r}"
+            raise ValueError(
+                f"{self.path}: expected params.task to be the params of a BaseTask "
+                f"subclass, received {received}"
+            )
+        self.CreateChild("task", p.task)
+
+    def GetTask(self) -> BaseTask:
+        """The task."""
+        return self.task
+
+    def FProp(self, theta: NestedMap, input_batch: NestedMap) -> NestedMap:
+        """The task's metrics of `input_batch`."""
+        return self.task.FProp(theta.task, input_batch)
