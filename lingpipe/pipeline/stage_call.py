@@ -77,6 +77,11 @@ class GradientAccumulator:
 
     def Add(self, shared_grads: list) -> list:
         """Adds one call's gradients; returns what that call should hand the tape."""
+        # A lookup's gradient is IndexedSlices; the running sum is dense (one table's
+        # worth, where concatenated slices would grow with every micro-batch).
+        shared_grads = [
+            tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in shared_grads
+        ]
         if self._sum is None:
             self._sum = list(shared_grads)
         else:

@@ -65,3 +65,35 @@ def test_weight_gradients_accumulate_without_keeping_one_per_micro_batch(remat):
     assert step < 3 * weight_bytes, (
         f"step {step / 2**20:.1f} MiB, weights {weight_bytes / 2**20:.1f}"
     )
+
+
+def test_lookup_gradients_accumulate_over_micro_batches():
+    # An embedding lookup's gradient is IndexedSlices; summing those across micro-batches
+    # must work, and equal the sequential reference.
+    from gpipe_cells import AssertSame, PipelineAndReference
+
+    from lingpipe import base_layer
+    from lingpipe.layers import embedding
+
+    class LookupCell(base_layer.BaseLayer):
+        @classmethod
+        def Params(cls):
+            p = super().Params()
+            p.Define(
+                "emb",
+                embedding.EmbeddingLayer.Params().Set(vocab_size=11, embedding_dim=4),
+                "The table.",
+            )
+            return p
+
+        def __init__(self, params):
+            super().__init__(params)
+            self.CreateChild("emb", self.params.emb)
+
+        def FProp(self, theta, ids):
+            return self.emb.FProp(theta.emb, ids)
+
+    tail = linear.ProjectionLayer.Params().Set(input_dims=4, output_dims=4)
+    pipe = Pipeline([LookupCell.Params(), tail], 2, 4)
+    ids = tf.constant([[1, 2], [3, 3], [4, 10], [0, 1], [5, 5], [2, 7], [9, 9], [1, 8]])
+    AssertSame(*PipelineAndReference(pipe, (ids,)))
