@@ -114,7 +114,9 @@ def PipelineAndReference(pipe, args, loss_fn=SquareLoss, use_function=True):
         with tf.GradientTape() as tape:
             outputs = fprop(pipe.theta, *args)
             loss = loss_fn(outputs)
-        return outputs, loss, tape.gradient(loss, variables)
+        grads = tape.gradient(loss, variables)
+        dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        return outputs, loss, dense
 
     def RunPipeline():
         return Run(pipe.FProp)
