@@ -1,7 +1,7 @@
 """Splitting a batch into micro-batches and merging them back, for any nested structure.
 
 A leaf is *batched* when its static size along `batch_dim` equals the batch size
-(taken from the first leaf of rank > batch_dim); it is split into M micro-batches
+(the size that most leaves share along batch_dim); it is split into M micro-batches
 whose sizes differ by at most one (the first `batch % M` get one row more), so
 nothing is dropped or padded. Every other leaf (scalars, per-model constants)
 goes whole to every micro-batch.
@@ -19,7 +19,13 @@ def _Leaves(structure: Any) -> list:
 
 
 def BatchSize(structure: Any, batch_dim: int, where: str = "pipeline") -> int:
-    """The static batch size: the size along batch_dim of the first tensor that has it."""
+    """The static batch size: the size along batch_dim that most tensor leaves share.
+
+    Ties go to the leaf that comes first in tf.nest order, so a lone table or
+    constant with some other size (a [1, vocab, dims] shared weight, say) never
+    decides the batch, whatever its name.
+    """
+    sizes: list[int] = []
     for i, leaf in enumerate(tf.nest.flatten(structure)):
         if not isinstance(leaf, (tf.Tensor, tf.Variable)) or leaf.shape.rank is None:
             continue
@@ -32,11 +38,13 @@ def BatchSize(structure: Any, batch_dim: int, where: str = "pipeline") -> int:
                     f"static batch size: give tf.function an input_signature with a fixed "
                     f"batch, or use drop_remainder=True in tf.data"
                 )
-            return int(size)
-    raise ValueError(
-        f"{where}: no input tensor has a dimension batch_dim={batch_dim} to split into "
-        f"micro-batches; received {tf.nest.map_structure(_Describe, structure)}"
-    )
+            sizes.append(int(size))
+    if not sizes:
+        raise ValueError(
+            f"{where}: no input tensor has a dimension batch_dim={batch_dim} to split into "
+            f"micro-batches; received {tf.nest.map_structure(_Describe, structure)}"
+        )
+    return max(dict.fromkeys(sizes), key=sizes.count)
 
 
 def _Describe(x: Any) -> str:

@@ -54,6 +54,13 @@ def test_merge_stacks_per_micro_batch_scalars():
     np.testing.assert_array_equal(merged.numpy(), [1.0, 2.0])
 
 
+def test_batch_size_is_the_size_most_leaves_share():
+    # A shared table sorts first ("emb" < "ids") but must not decide the batch.
+    state = NestedMap(emb=tf.ones([1, 7, 3]), ids=tf.ones([5, 2]), w=tf.ones([5, 2]))
+    assert micro_batch.BatchSize(state, 0) == 5
+    assert micro_batch.BatchSize((tf.ones([4, 2]), tf.ones([3])), 0) == 4  # tie: first
+
+
 def test_batch_size_errors():
     assert micro_batch.BatchSize((tf.ones([]), tf.ones([6, 2])), 0) == 6
     with pytest.raises(ValueError, match="no input tensor has a dimension batch_dim=1"):
