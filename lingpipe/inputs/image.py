@@ -1,0 +1,92 @@
+"""DigitsInput: the 8x8 handwritten digits bundled with scikit-learn, as image batches.
+
+`sklearn.datasets.load_digits` ships with scikit-learn (no download): 1797 images
+of 8x8 pixels with values 0..16, in 10 classes. Pixels are scaled to [0, 1].
+
+The split is fixed (it does not depend on `seed`): a permutation of the images by
+a constant seed puts the first 10% in 'test', the next 10% in 'dev' and the rest
+(80%) in 'train'.
+
+Batch:
+
+    images  [b, 8, 8, 1] float32 in [0, 1]
+    labels  [b] int32 in 0..9
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import tensorflow as tf
+
+from lingpipe import hyperparams
+from lingpipe.inputs import base_input
+from lingpipe.nested_map import NestedMap
+
+NUM_CLASSES = 10
+IMAGE_SHAPE = (8, 8, 1)
+_MAX_PIXEL = 16.0
+_SPLIT_PERMUTATION_SEED = 20240917
+_EVAL_FRACTION = 0.1
+
+
+def _SklearnLoadDigits():
+    """sklearn.datasets.load_digits, or an ImportError that says how to install it."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:
+        raise ImportError(
+            "DigitsInput needs scikit-learn for its bundled digits data set "
+            f"(sklearn.datasets.load_digits), which cannot be imported ({e}). Install it with "
+            "`pip install scikit-learn`, or `pip install -e '.[test]'` in a lingpipe checkout."
+        ) from e
+    return load_digits
+
+
+@functools.lru_cache(maxsize=1)
+def LoadDigits() -> tuple[np.ndarray, np.ndarray]:
+    """All 1797 digits: images [n, 8, 8, 1] float32 in [0, 1] and labels [n] int32."""
+    data = _SklearnLoadDigits()()
+    images = (data.images.astype(np.float32) / _MAX_PIXEL).reshape((-1,) + IMAGE_SHAPE)
+    return images, data.target.astype(np.int32)
+
+
+def SplitIndices(num_images: int, split: str) -> np.ndarray:
+    """Indices, into the whole data set, of the images of `split` (sorted)."""
+    order = np.random.default_rng(_SPLIT_PERMUTATION_SEED).permutation(num_images)
+    num_eval = int(num_images * _EVAL_FRACTION)
+    parts = {
+        "test": order[:num_eval],
+        "dev": order[num_eval : 2 * num_eval],
+        "train": order[2 * num_eval :],
+    }
+    return np.sort(parts[split])
+
+
+class DigitsInput(base_input.BaseInputGenerator):
+    """Batches of scikit-learn's 8x8 digits (see the module docstring).
+
+    Batch: NestedMap(images [batch, 8, 8, 1] float32, labels [batch] int32).
+    """
+
+    def __init__(self, params: hyperparams.InstantiableParams) -> None:
+        super().__init__(params)
+        images, labels = LoadDigits()
+        self._num_images = len(labels)
+        indices = SplitIndices(self._num_images, self.params.split)
+        self._images = tf.constant(images[indices])
+        self._labels = tf.constant(labels[indices])
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes: 10."""
+        return NUM_CLASSES
+
+    def NumExamples(self, split: str | None = None) -> int:
+        return len(SplitIndices(self._num_images, self._CheckSplit(split)))
+
+    def _Example(self, index: tf.Tensor) -> NestedMap:
+        return NestedMap(
+            images=tf.gather(self._images, index), labels=tf.gather(self._labels, index)
+        )
