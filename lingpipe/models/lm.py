@@ -33,25 +33,21 @@ import math
 import tensorflow as tf
 
 from lingpipe import asserts, base_layer, hyperparams
-from lingpipe.layers import dropout, embedding, gpipe, linear, normalization, softmax, transformer
+from lingpipe.layers import (
+    dropout,
+    embedding,
+    gpipe,
+    linear,
+    normalization,
+    positions,
+    softmax,
+    transformer,
+)
 from lingpipe.models import base_task
 from lingpipe.nested_map import NestedMap
 
 # Log-softmax and cross-entropy per logit, as layers/softmax.py counts them.
 _XENT_FLOPS_PER_LOGIT = 5
-
-
-def SinusoidalPositions(length: int, dims: int, dtype: tf.DType = tf.float32) -> tf.Tensor:
-    """[length, dims]: sin(pos * inv_timescale_i) for dims // 2 timescales from 1 to 1e4,
-    then the cosines (a zero column last when dims is odd)."""
-    num_timescales = dims // 2
-    increment = math.log(1.0e4) / max(num_timescales - 1, 1)
-    inv_timescales = tf.exp(tf.range(num_timescales, dtype=tf.float32) * -increment)
-    scaled = tf.range(length, dtype=tf.float32)[:, tf.newaxis] * inv_timescales[tf.newaxis, :]
-    signal = tf.concat([tf.sin(scaled), tf.cos(scaled)], axis=1)
-    if dims % 2:
-        signal = tf.pad(signal, [[0, 0], [0, 1]])
-    return tf.cast(signal, dtype)
 
 
 class LmEmbeddingCell(base_layer.BaseLayer):
@@ -98,7 +94,7 @@ class LmEmbeddingCell(base_layer.BaseLayer):
             x *= tf.cast(math.sqrt(p.model_dims), self.fprop_dtype)
         else:
             x = self.emb.FProp(theta.emb, state.ids)
-        x += SinusoidalPositions(tf.shape(state.ids)[1], p.model_dims, self.fprop_dtype)
+        x += positions.Sinusoidal(tf.shape(state.ids)[1], p.model_dims, self.fprop_dtype)
         out = NestedMap({k: v for k, v in state.items() if k != "ids"})
         out.x = self.dropout.FProp(theta.dropout, x)
         return out

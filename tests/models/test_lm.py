@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from lingpipe import model_registry, test_utils
 from lingpipe.inputs import text_lm
-from lingpipe.layers import gpipe
+from lingpipe.layers import gpipe, positions
 from lingpipe.models import lm
 from lingpipe.nested_map import NestedMap
 
@@ -178,11 +178,11 @@ def test_softmax_cell_against_numpy():
 
 
 def test_sinusoidal_positions_against_numpy():
-    got = lm.SinusoidalPositions(7, 6).numpy()
+    got = positions.Sinusoidal(7, 6).numpy()
     inv = np.exp(-np.arange(3) * math.log(1e4) / 2)
     angles = np.arange(7)[:, None] * inv[None, :]
     np.testing.assert_allclose(got, np.concatenate([np.sin(angles), np.cos(angles)], 1), atol=1e-6)
-    assert lm.SinusoidalPositions(4, 5).numpy()[:, -1].tolist() == [0.0] * 4
+    assert positions.Sinusoidal(4, 5).numpy()[:, -1].tolist() == [0.0] * 4
 
 
 def test_errors():
