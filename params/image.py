@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 from lingpipe import hyperparams, model_registry, optimizers, schedules
-from lingpipe.inputs import base_input
 from lingpipe.inputs import image as image_input
 from lingpipe.models import base_model_params, image
-from lingpipe.nested_map import NestedMap
 
 
 @model_registry.RegisterSingleTaskModel
@@ -50,37 +46,6 @@ class AmoebaNetDigitsTiny(base_model_params.SingleTaskModelParams):
         return p
 
 
-class SyntheticImageInput(base_input.BaseInputGenerator):
-    """Random images of a fixed shape with labels index % num_classes: a stand-in for data.
-
-    Batch: NestedMap(images [b, image_size, image_size, channels] float32 in [0, 1),
-    labels [b] int32). Example i of a split is the same on every run (stateless seed).
-    """
-
-    @classmethod
-    def Params(cls) -> hyperparams.InstantiableParams:
-        p = super().Params()
-        p.Define("image_size", 224, "Height and width of the images.")
-        p.Define("channels", 3, "Channels of the images.")
-        p.Define("num_classes", 1000, "Labels are index % num_classes.")
-        p.Define("num_examples", 1281167, "Examples per split (ImageNet's train set size).")
-        return p
-
-    def NumExamples(self, split: str | None = None) -> int:
-        self._CheckSplit(split)
-        return self.params.num_examples
-
-    def _Example(self, index: tf.Tensor) -> NestedMap:
-        p = self.params
-        offset = base_input.SPLITS.index(p.split)
-        seed = tf.stack([tf.cast(index, tf.int64), tf.constant(offset, tf.int64)])
-        shape = [p.image_size, p.image_size, p.channels]
-        return NestedMap(
-            images=tf.random.stateless_uniform(shape, seed),
-            labels=tf.cast(index % p.num_classes, tf.int32),
-        )
-
-
 @model_registry.RegisterSingleTaskModel
 class AmoebaNetImageNetGPipe(base_model_params.SingleTaskModelParams):
     """GPipe's ImageNet model: AmoebaNet-B (18, 512) at 480x480, over 8 stages.
@@ -103,7 +68,7 @@ class AmoebaNetImageNetGPipe(base_model_params.SingleTaskModelParams):
     IMAGE_SIZE = 480
 
     def Train(self) -> hyperparams.InstantiableParams:
-        return SyntheticImageInput.Params().Set(
+        return image_input.SyntheticImageInput.Params().Set(
             name="train_input", batch_size=256, image_size=self.IMAGE_SIZE, num_classes=1000
         )
 

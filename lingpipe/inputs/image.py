@@ -1,4 +1,6 @@
-"""DigitsInput: the 8x8 handwritten digits bundled with scikit-learn, as image batches.
+"""Image inputs: the 8x8 digits of scikit-learn, and synthetic images.
+
+`DigitsInput`: the 8x8 handwritten digits bundled with scikit-learn, as image batches.
 
 `sklearn.datasets.load_digits` ships with scikit-learn (no download): 1797 images
 of 8x8 pixels with values 0..16, in 10 classes. Pixels are scaled to [0, 1].
@@ -11,6 +13,9 @@ Batch:
 
     images  [b, 8, 8, 1] float32 in [0, 1]
     labels  [b] int32 in 0..9
+
+`SyntheticImageInput`: random images of a fixed shape with labels index %
+num_classes, a stand-in for ImageNet where there is no reader (for throughput).
 """
 
 from __future__ import annotations
@@ -89,4 +94,35 @@ class DigitsInput(base_input.BaseInputGenerator):
     def _Example(self, index: tf.Tensor) -> NestedMap:
         return NestedMap(
             images=tf.gather(self._images, index), labels=tf.gather(self._labels, index)
+        )
+
+
+class SyntheticImageInput(base_input.BaseInputGenerator):
+    """Random images of a fixed shape with labels index % num_classes: a stand-in for data.
+
+    Batch: NestedMap(images [b, image_size, image_size, channels] float32 in [0, 1),
+    labels [b] int32). Example i of a split is the same on every run (stateless seed).
+    """
+
+    @classmethod
+    def Params(cls) -> hyperparams.InstantiableParams:
+        p = super().Params()
+        p.Define("image_size", 224, "Height and width of the images.")
+        p.Define("channels", 3, "Channels of the images.")
+        p.Define("num_classes", 1000, "Labels are index % num_classes.")
+        p.Define("num_examples", 1281167, "Examples per split (ImageNet's train set size).")
+        return p
+
+    def NumExamples(self, split: str | None = None) -> int:
+        self._CheckSplit(split)
+        return self.params.num_examples
+
+    def _Example(self, index: tf.Tensor) -> NestedMap:
+        p = self.params
+        offset = base_input.SPLITS.index(p.split)
+        seed = tf.stack([tf.cast(index, tf.int64), tf.constant(offset, tf.int64)])
+        shape = [p.image_size, p.image_size, p.channels]
+        return NestedMap(
+            images=tf.random.stateless_uniform(shape, seed),
+            labels=tf.cast(index % p.num_classes, tf.int32),
         )

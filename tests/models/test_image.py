@@ -9,7 +9,7 @@ import tensorflow as tf
 from lingpipe import base_layer, model_registry, test_utils
 from lingpipe.inputs import image as image_input
 from lingpipe.layers import normalization
-from lingpipe.models import image
+from lingpipe.models import amoeba_cells, image
 from lingpipe.nested_map import NestedMap
 
 # A two-pair genotype for the pipeline tests: the real ones trace ~4x more ops. It keeps
@@ -30,9 +30,9 @@ SMALL_GENOTYPE = {
 
 @pytest.fixture(scope="module")
 def small():
-    image.GENOTYPES["test_small"] = SMALL_GENOTYPE
+    amoeba_cells.GENOTYPES["test_small"] = SMALL_GENOTYPE
     yield
-    del image.GENOTYPES["test_small"]
+    del amoeba_cells.GENOTYPES["test_small"]
 
 
 def TaskParams(**kw):
@@ -144,7 +144,7 @@ def test_fprop_meta_counts_every_variable_and_builds_nothing():
 
 
 def test_normal_cell_wires_the_amoeba_net_a_genotype():
-    cell = image.AmoebaCell.Params().Set(
+    cell = amoeba_cells.AmoebaCell.Params().Set(
         name="cell", genotype="amoeba_net_a", filters=8, x_channels=8, prev_channels=8
     )
     cell = cell.Instantiate()
@@ -171,7 +171,9 @@ def test_normal_cell_wires_the_amoeba_net_a_genotype():
 
 
 def test_strided_identity_is_relu_conv_1x1_batch_norm():
-    op = image.AmoebaOp.Params().Set(name="op", op="none", in_channels=3, filters=5, stride=2)
+    op = amoeba_cells.AmoebaOp.Params().Set(
+        name="op", op="none", in_channels=3, filters=5, stride=2
+    )
     op = op.Instantiate()
     x = tf.random.normal([2, 8, 8, 3])
     got = op.FProp(op.theta, x).numpy()
@@ -355,12 +357,12 @@ def test_input_params_of_another_image_size_are_rejected():
 
 
 def test_bad_operations_and_genotypes_are_rejected(monkeypatch):
-    op = image.AmoebaOp.Params().Set(name="op", op="conv_3x3", in_channels=4, filters=4)
+    op = amoeba_cells.AmoebaOp.Params().Set(name="op", op="conv_3x3", in_channels=4, filters=4)
     with pytest.raises(ValueError, match="op: unknown AmoebaNet operation 'conv_3x3'; expected"):
         op.Instantiate()
     ops = SMALL_GENOTYPE["reduction"][0]
     bad = dict(SMALL_GENOTYPE, reduction=(ops, (0, 0, 2, 0), (1, 0, 0, 0)))  # prev unused
-    monkeypatch.setitem(image.GENOTYPES, "bad", bad)
+    monkeypatch.setitem(amoeba_cells.GENOTYPES, "bad", bad)
     with pytest.raises(ValueError, match="a reduction cell must consume both of its inputs"):
         TaskParams(genotype="bad").Instantiate()
 
