@@ -89,6 +89,15 @@ def LpRegularizedVariables(layer: base_layer.BaseLayer) -> list[tf.Variable]:
     return list(found.values())
 
 
+def DefinePipelineParams(p: hyperparams.Params) -> hyperparams.Params:
+    """Defines the pipeline knobs every pipelined task has (and the trainer's flags set)."""
+    p.Define("num_stages", 1, "Pipeline stages, one device each (1: unpipelined).")
+    p.Define("num_micro_batches", 1, "Micro-batches each batch is split into.")
+    p.Define("remat", "always", "Recompute policy: 'always', 'except_last' or 'never'.")
+    p.Define("partition", "uniform", "How cells are cut into stages (see PipeliningLayer).")
+    return p
+
+
 class BaseTask(base_layer.BaseLayer):
     """A layer that computes metrics from an input batch and knows how it is trained."""
 

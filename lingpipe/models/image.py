@@ -55,10 +55,7 @@ class AmoebaNetClassifier(base_task.BaseTask):
         p.Define("label_smoothing", 0.0, "Label smoothing of the training loss.")
         p.Define("batch_norm_decay", 0.99, "Decay of batch norm's moving averages.")
         p.Define("batch_norm_epsilon", 1e-3, "Batch norm's epsilon.")
-        p.Define("num_stages", 1, "Pipeline stages (1 with 1 micro-batch: the plain network).")
-        p.Define("num_micro_batches", 1, "Micro-batches each batch is split into.")
-        p.Define("remat", "always", "Recompute policy of the pipeline (see PipeliningLayer).")
-        p.Define("partition", "uniform", "How cells are cut into stages (see PipeliningLayer).")
+        base_task.DefinePipelineParams(p)
         return p
 
     def __init__(self, params: hyperparams.InstantiableParams) -> None:

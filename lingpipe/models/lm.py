@@ -213,10 +213,7 @@ class TransformerLm(base_task.BaseTask):
         p.Define("label_smoothing", 0.0, "Label smoothing of the training loss.")
         p.Define("tie_embeddings", False, "Share one [vocab_size, model_dims] table in and out.")
         p.Define("max_len", 1024, "Longest sequence accepted (positions are sinusoidal).")
-        p.Define("num_stages", 1, "Pipeline stages (1: unpipelined).")
-        p.Define("num_micro_batches", 1, "Micro-batches each batch is split into.")
-        p.Define("remat", "always", "Recompute policy of the pipeline (see PipeliningLayer).")
-        p.Define("partition", "uniform", "How cells are cut into stages (see PipeliningLayer).")
+        base_task.DefinePipelineParams(p)
         return p
 
     def __init__(self, params: hyperparams.InstantiableParams) -> None:

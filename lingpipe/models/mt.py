@@ -70,10 +70,7 @@ class TransformerEncDec(base_task.BaseTask):
         p.Define("bos_id", 1, "Id that starts every target (the first decoder input).")
         p.Define("eos_id", 2, "Id that ends every target; decoding pads with 0 after it.")
         p.Define("eval_exact_match", True, "In eval, also greedy-decode and report exact_match.")
-        p.Define("num_stages", 1, "Pipeline stages (1: unpipelined, one device).")
-        p.Define("num_micro_batches", 1, "Micro-batches per batch.")
-        p.Define("remat", "always", "Recompute policy: 'always', 'except_last' or 'never'.")
-        p.Define("partition", "uniform", "Cells per stage: a policy name or a list of counts.")
+        base_task.DefinePipelineParams(p)
         return p
 
     def __init__(self, params: hyperparams.InstantiableParams) -> None:
