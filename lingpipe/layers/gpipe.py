@@ -265,9 +265,10 @@ class PipeliningLayer(base_layer.BaseLayer):
                 inspect.signature(cell.FProp).bind(theta, *inputs)
             except TypeError as e:
                 given = "the pipeline's inputs" if i == 0 else f"cell_{i - 1}'s outputs"
+                described = tf.nest.map_structure(micro_batch.Describe, inputs)
                 raise ValueError(
                     f"{self.path}: cell_{i} ({type(cell).__name__}) cannot take {given}: "
-                    f"{len(inputs)} value(s) {tf.nest.map_structure(_Describe, inputs)} for "
+                    f"{len(inputs)} value(s) {described} for "
                     f"FProp{inspect.signature(cell.FProp)} ({e})"
                 ) from None
             outputs = cell.FProp(theta, *inputs)
@@ -360,7 +361,3 @@ class PipeliningLayer(base_layer.BaseLayer):
     @classmethod
     def FPropMeta(cls, p: hyperparams.Params, *input_shapes: Any) -> NestedMap:
         return sequential.ChainMeta(p, p.cell_tpl, input_shapes)
-
-
-def _Describe(x: Any) -> str:
-    return f"{x.dtype.name}{list(x.shape)}" if hasattr(x, "shape") else repr(x)

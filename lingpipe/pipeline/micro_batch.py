@@ -14,10 +14,6 @@ from typing import Any
 import tensorflow as tf
 
 
-def _Leaves(structure: Any) -> list:
-    return [t for t in tf.nest.flatten(structure) if isinstance(t, (tf.Tensor, tf.Variable))]
-
-
 def BatchSize(structure: Any, batch_dim: int, where: str = "pipeline") -> int:
     """The static batch size: the size along batch_dim that most tensor leaves share.
 
@@ -42,12 +38,13 @@ def BatchSize(structure: Any, batch_dim: int, where: str = "pipeline") -> int:
     if not sizes:
         raise ValueError(
             f"{where}: no input tensor has a dimension batch_dim={batch_dim} to split into "
-            f"micro-batches; received {tf.nest.map_structure(_Describe, structure)}"
+            f"micro-batches; received {tf.nest.map_structure(Describe, structure)}"
         )
     return max(dict.fromkeys(sizes), key=sizes.count)
 
 
-def _Describe(x: Any) -> str:
+def Describe(x: Any) -> str:
+    """A leaf for error messages: 'float32[4, 8]', or its repr."""
     return f"{x.dtype.name}{list(x.shape)}" if hasattr(x, "shape") else repr(x)
 
 

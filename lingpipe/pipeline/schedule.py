@@ -1,11 +1,15 @@
 """The GPipe fill-drain schedule.
 
 At clock tick t, stage k works on micro-batch t - k: stage 0 fills the pipeline
-with micro-batches 0..M-1 in order, every later stage follows one tick behind,
-and the backward drains in reverse. `PipeliningLayer` issues its stage calls in
-this order and ties each stage's forwards into a chain (micro-batch m+1 after m
-on the same stage), so the dataflow lets stage k run micro-batch m+1 while stage
-k+1 runs micro-batch m and nothing forces any other order.
+with micro-batches 0..M-1 in order and every later stage follows one tick behind.
+`PipeliningLayer` issues its stage calls in this order and ties each stage's
+forwards into a chain (micro-batch m+1 after m on the same stage), so the
+dataflow lets stage k run micro-batch m+1 while stage k+1 runs micro-batch m.
+
+In backward each stage differentiates one micro-batch at a time, in the order
+the tape builds the gradients (stage_call.GradientAccumulator chains them; the
+tape builds micro-batch 0 first). `BackwardTicks` is the paper's mirrored
+order, kept as the reference model of the schedule; the engine does not force it.
 """
 
 from __future__ import annotations

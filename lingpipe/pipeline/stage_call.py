@@ -16,13 +16,13 @@ and the backward only differentiates.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from lingpipe import seeds
+from lingpipe.layers import normalization
 
 
 def _IsFloat(t: Any) -> bool:
@@ -31,13 +31,6 @@ def _IsFloat(t: Any) -> bool:
 
 def _IsTensor(x: Any) -> bool:
     return isinstance(x, (tf.Tensor, tf.Variable))
-
-
-def _SuspendStats() -> contextlib.AbstractContextManager:
-    # Imported here: normalization imports layers that import the pipeline's users.
-    from lingpipe.layers import normalization
-
-    return normalization.SuspendBatchNormUpdates()
 
 
 def _Differentiate(tape: tf.GradientTape, outputs: list, dys: Sequence[Any], sources: list) -> list:
@@ -167,7 +160,7 @@ def StageCall(
                     with (
                         tf.GradientTape() as replay,
                         seeds.RestoreScopeValues(scope),
-                        _SuspendStats(),
+                        normalization.SuspendBatchNormUpdates(),
                     ):
                         replay.watch([t for t in tensors if _IsFloat(t)])
                         again = Run(tensors)
