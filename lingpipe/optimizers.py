@@ -84,6 +84,11 @@ class _ColocatedAdafactor(keras.optimizers.Adafactor):
             self._v.append(v)
 
 
+def _AsReduced(grads_and_vars):
+    """Stands in for Keras' all-reduce: lingpipe hands Apply the reduced gradients."""
+    return list(grads_and_vars)
+
+
 class BaseOptimizer(tf.Module):
     """An optimizer from params: `Build(variables)` once, then `Apply` every step."""
 
@@ -115,7 +120,11 @@ class BaseOptimizer(tf.Module):
         with tf.init_scope():
             # The Keras optimizer keeps the learning rate in its own float32
             # variable; Apply assigns it before every update.
-            self.keras_optimizer = self._CreateKerasOptimizer(self._params)
+            keras_optimizer = self._CreateKerasOptimizer(self._params)
+            # Gradients reach Apply already reduced over replicas (the train step
+            # all-reduces them before clipping); Keras would sum them once more.
+            object.__setattr__(keras_optimizer, "_all_reduce_sum_gradients", _AsReduced)
+            self.keras_optimizer = keras_optimizer
 
     @classmethod
     def _CheckParams(cls, p: hyperparams.Params, where: str) -> None:
@@ -180,6 +189,10 @@ class BaseOptimizer(tf.Module):
         learning_rate: float | tf.Tensor,
     ) -> tf.Variable:
         """Updates `variables` by `grads` with `learning_rate`; returns `iterations`.
+
+        Under a `tf.distribute` strategy with several replicas, `grads` must already
+        be reduced over the replicas (`BaseTask.ApplyGradients` gets them so from the
+        train step): Apply does not reduce them again, as a bare Keras optimizer would.
 
         Args:
           grads: one gradient per variable, of its shape (None skips the variable).

@@ -280,3 +280,32 @@ def test_params_errors(cls, values, message):
 def test_non_instantiable_params_error():
     with pytest.raises(TypeError, match=r"expected InstantiableParams .* received Params"):
         optimizers.Adam(hyperparams.Params())
+
+
+@pytest.mark.parametrize("cls", [optimizers.SGD, optimizers.Adam])
+def test_apply_under_mirrored_strategy_takes_reduced_gradients(cls):
+    # Each replica hands Apply the same (already reduced) gradient; Keras alone would
+    # sum the replicas' gradients again, doubling the step.
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        v = tf.Variable([1.0, -2.0])
+        opt = cls.Params().Instantiate()
+        opt.Build([v])
+    plain_v = tf.Variable([1.0, -2.0])
+    plain = cls.Params().Instantiate()
+    plain.Build([plain_v])
+    grad = tf.constant([0.5, 0.25])
+
+    def ReplicaStep():
+        # Made in the replica (a captured constant would not count as per-replica).
+        replica_grad = tf.identity(grad)
+        opt.Apply([replica_grad], [v], 0.1)
+
+    @tf.function
+    def Step():
+        strategy.run(ReplicaStep)
+
+    Step()
+    plain.Apply([grad], [plain_v], 0.1)
+    for component in v.values:
+        test_utils.AssertAllClose(component.numpy(), plain_v.numpy())
