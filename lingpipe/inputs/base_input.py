@@ -140,13 +140,16 @@ class BaseInputGenerator(abc.ABC):
         return np.arange(pipeline_id, self.NumExamples(), num_pipelines, dtype=np.int64)
 
     def GetDataset(
-        self, input_context: tf.distribute.InputContext | None = None
+        self, input_context: tf.distribute.InputContext | None = None, start_batch: int = 0
     ) -> tf.data.Dataset:
         """A dataset of NestedMap batches of per-replica batch size, with static shapes.
 
         Args:
           input_context: from `strategy.distribute_datasets_from_function`; None
             reads all the data as one pipeline with the global batch.
+          start_batch: skip this many batches first, so that a resumed run reads
+            on from where it stopped. Only example indices are skipped: no skipped
+            example is built.
 
         Raises:
           ValueError: the batch is not divisible by the replicas, or this pipeline's
@@ -162,6 +165,11 @@ class BaseInputGenerator(abc.ABC):
                 "(drop_remainder), so this would yield nothing. Use a smaller batch_size "
                 "or more data."
             )
+        if isinstance(start_batch, bool) or not isinstance(start_batch, int) or start_batch < 0:
+            raise ValueError(
+                f"{self.where}: expected start_batch to be an integer >= 0, received "
+                f"start_batch={start_batch!r}"
+            )
         indices_t = tf.constant(indices)
         if self.shuffle:
             epochs = tf.data.Dataset.counter() if self.repeat else tf.data.Dataset.range(1)
@@ -176,6 +184,7 @@ class BaseInputGenerator(abc.ABC):
             dataset = tf.data.Dataset.from_tensor_slices(indices_t)
             if self.repeat:
                 dataset = dataset.repeat()
+        dataset = dataset.skip(start_batch * batch)
         dataset = dataset.map(
             self._Example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
         )

@@ -230,21 +230,19 @@ class BaseTask(base_layer.BaseLayer):
         total = tf.add_n(terms) if terms else tf.zeros([], tf.float32)
         return self.params.train.l2_regularizer_weight * total
 
-    def TrainStep(self, input_batch: NestedMap, step: int | tf.Tensor) -> NestedMap:
-        """One training step (run it inside a tf.function); returns its metrics.
+    def ComputeGradients(
+        self, input_batch: NestedMap, step: int | tf.Tensor
+    ) -> tuple[NestedMap, list[tf.Tensor | None]]:
+        """The metrics of `input_batch` and the gradients of its loss, one per variable.
 
         The forward runs inside `seeds.StepSeedScope(step)`, so dropout draws new
-        masks each step. Besides the task's metrics: `l2_loss` (when the L2 weight is
-        > 0; it is added to `loss` for the gradients but not to the `loss` metric),
-        `grad_norm` (global norm before clipping) and `learning_rate`.
-
-        Args:
-          input_batch: NestedMap of the batch's tensors.
-          step: 0-based step, python int or integer scalar tensor.
+        masks each step. When the L2 weight is > 0 the metrics hold `l2_loss`, which
+        is added to `loss` for the gradients but not to the `loss` metric. The
+        gradients follow `self.trainable_variables`. Under a `tf.distribute`
+        strategy this is one replica's share: reduce the gradients over the
+        replicas before `ApplyGradients`.
         """
         tp = self.params.train
-        opt = self.optimizer
-        variables = self.trainable_variables
         with seeds.StepSeedScope(step), tf.GradientTape() as tape:
             metrics = self.FProp(self.theta, input_batch)
             loss = metrics.loss[0]
@@ -252,16 +250,39 @@ class BaseTask(base_layer.BaseLayer):
                 l2_loss = self._L2Term()
                 metrics.l2_loss = (l2_loss, tf.ones([], tf.float32))
                 loss = loss + tf.cast(l2_loss, loss.dtype)
-        grads = tape.gradient(loss, variables)
+        return metrics, tape.gradient(loss, self.trainable_variables)
+
+    def ApplyGradients(self, grads: list[tf.Tensor | None], step: int | tf.Tensor) -> NestedMap:
+        """Clips `grads` by their global norm and applies them at the step's rate.
+
+        Returns NestedMap(grad_norm, learning_rate) as (value, weight) pairs:
+        `grad_norm` is the global norm before clipping.
+        """
+        tp = self.params.train
         grad_norm = tf.linalg.global_norm(grads)
         if tp.clip_gradient_norm_to_value > 0:
             grads, _ = tf.clip_by_global_norm(
                 grads, tp.clip_gradient_norm_to_value, use_norm=grad_norm
             )
         learning_rate = tp.learning_rate * self._lr_schedule.Value(step)
-        opt.Apply(grads, variables, learning_rate)
-        metrics.grad_norm = (grad_norm, tf.ones([], tf.float32))
-        metrics.learning_rate = (learning_rate, tf.ones([], tf.float32))
+        self.optimizer.Apply(grads, self.trainable_variables, learning_rate)
+        one = tf.ones([], tf.float32)
+        return NestedMap(grad_norm=(grad_norm, one), learning_rate=(learning_rate, one))
+
+    def TrainStep(self, input_batch: NestedMap, step: int | tf.Tensor) -> NestedMap:
+        """One training step on one replica (run it inside a tf.function).
+
+        `ComputeGradients`, then `ApplyGradients`; returns the metrics of both. The
+        trainer reduces the gradients over replicas in between; this is the
+        single-replica step.
+
+        Args:
+          input_batch: NestedMap of the batch's tensors.
+          step: 0-based step, python int or integer scalar tensor.
+        """
+        self.optimizer  # noqa: B018 (raises the clear error before any tracing work)
+        metrics, grads = self.ComputeGradients(input_batch, step)
+        metrics.update(self.ApplyGradients(grads, step))
         return metrics
 
     def EvalStep(self, input_batch: NestedMap) -> NestedMap:

@@ -205,3 +205,20 @@ def test_vocab_errors(tmp_path):
         r"received seq_len=0",
     ):
         _Input(seq_len=0)
+
+
+@pytest.mark.parametrize("split", ["train", "dev"])
+def test_start_batch_resumes_the_same_stream(split):
+    inp = _Input(seed=5, batch_size=4, seq_len=16, split=split, repeat=True)
+    whole = [tf.nest.map_structure(np.asarray, b) for b in inp.GetDataset().take(7)]
+    rest = [tf.nest.map_structure(np.asarray, b) for b in inp.GetDataset(start_batch=3).take(4)]
+    tf.nest.map_structure(np.testing.assert_array_equal, whole[3:], rest)
+    context = tf.distribute.InputContext(2, 1, 2)
+    shard = [b.labels.numpy() for b in inp.GetDataset(context).take(5)]
+    shard_rest = [b.labels.numpy() for b in inp.GetDataset(context, start_batch=2).take(3)]
+    np.testing.assert_array_equal(shard[2:], shard_rest)
+
+
+def test_start_batch_errors():
+    with pytest.raises(ValueError, match=r"start_batch to be an integer >= 0, received .*=-1"):
+        _Input().GetDataset(start_batch=-1)
