@@ -214,7 +214,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         metas = self._metas
         if shapes is not None and (metas is None or input_shapes):
             metas = costs.CellMetas(p, p.cell_tpl, tuple(shapes))
-        micro = 1
+        micro = p.num_micro_batches
         if shapes is not None:
             batch = sequential.NormShape(tf.nest.flatten(tuple(shapes))[0])[p.batch_dim]
             micro = self._NumMicroBatches(batch) if batch else p.num_micro_batches

@@ -134,10 +134,11 @@ class AmoebaNetClassifier(base_task.BaseTask):
 
     @classmethod
     def _InputShapes(cls, p: hyperparams.Params, where: str) -> tuple | None:
-        """The pipeline's input shapes, from the input params (for partition by cost)."""
-        if not isinstance(p.partition, str) or p.partition == "uniform":
-            return None
+        """The pipeline's input shapes from the input params (for partition by cost and
+        the partition report); None without them for partition 'uniform' or counts."""
         if p.input is None or "batch_size" not in p.input:
+            if not isinstance(p.partition, str) or p.partition == "uniform":
+                return None
             raise ValueError(
                 f"{where}: partition={p.partition!r} needs the batch size; set input params "
                 f"with batch_size, or use partition='uniform'"

@@ -281,11 +281,15 @@ class TransformerLm(base_task.BaseTask):
 
     @classmethod
     def InputShapes(cls, p: hyperparams.Params, where: str = "") -> tuple | None:
-        """The pipeline's input shapes from the input params, for partition by cost
-        (None for partition 'uniform' or explicit counts)."""
-        if not isinstance(p.partition, str) or p.partition == "uniform":
-            return None
-        if p.input is None or "seq_len" not in p.input or "batch_size" not in p.input:
+        """The pipeline's input shapes from the input params (batch_size, seq_len).
+
+        They let the pipeline cut by cost and report FLOPs and boundary bytes. Without
+        them: None for partition 'uniform' or explicit counts, else a ValueError.
+        """
+        known = p.input is not None and "seq_len" in p.input and "batch_size" in p.input
+        if not known:
+            if not isinstance(p.partition, str) or p.partition == "uniform":
+                return None
             raise ValueError(
                 f"{where or p.name}: partition={p.partition!r} needs the batch's shape; set input "
                 f"params with batch_size and seq_len, or use partition='uniform'"

@@ -75,6 +75,7 @@ def test_report_without_shapes_then_after_a_call():
     pipe = Pipeline([Mlp()] * 4, 2, 2)
     assert pipe.PartitionReport().stages[0].flops is None
     assert "?" in str(pipe.PartitionReport())
+    assert "micro_batches=2" in str(pipe.PartitionReport())  # the params' count
     pipe(tf.ones([6, DIMS]))
     assert pipe.PartitionReport().stages[0].flops > 0
 
