@@ -16,9 +16,10 @@ belongs to: slots that Keras creates lazily while a `tf.function` is traced all
 land on CPU:0, far from a pipeline stage's weights. The wrapper owns its Keras
 optimizer as the tracked attribute `keras_optimizer`, so
 `tf.train.Checkpoint(optimizer=opt)` saves the slots, the iteration count and
-the last learning rate. Keras also tracks the variables it was built on, so the
-checkpoint holds them too: save the model and its optimizer in one Checkpoint. A
-checkpoint read before Build fills the slots when Build creates them.
+the last learning rate, but not the variables it updates: save the model beside
+it (`BaseTask` tracks its optimizer, so `tf.train.Checkpoint(task=task)` does), and
+each weight keeps its layer path as its checkpoint key. A checkpoint read before
+Build fills the slots when Build creates them.
 """
 
 from __future__ import annotations
@@ -89,6 +90,23 @@ def _AsReduced(grads_and_vars):
     return list(grads_and_vars)
 
 
+def _WithoutModelVariables(trackable_children: Callable) -> Callable:
+    """Keras' checkpoint children without the list of the variables it updates.
+
+    Keras tracks the model's variables it was built on; a checkpoint names each
+    variable by its shortest path, which would then run through the optimizer
+    (`task/optimizer/keras_optimizer/_trainable_variables/7`) instead of the
+    layer path (`task/pipeline/cell_1/.../w`). The model saves its own variables.
+    """
+
+    def Children(*args, **kwargs):
+        children = dict(trackable_children(*args, **kwargs))
+        children.pop("_trainable_variables", None)
+        return children
+
+    return Children
+
+
 class BaseOptimizer(tf.Module):
     """An optimizer from params: `Build(variables)` once, then `Apply` every step."""
 
@@ -124,6 +142,11 @@ class BaseOptimizer(tf.Module):
             # Gradients reach Apply already reduced over replicas (the train step
             # all-reduces them before clipping); Keras would sum them once more.
             object.__setattr__(keras_optimizer, "_all_reduce_sum_gradients", _AsReduced)
+            object.__setattr__(
+                keras_optimizer,
+                "_trackable_children",
+                _WithoutModelVariables(keras_optimizer._trackable_children),
+            )
             self.keras_optimizer = keras_optimizer
 
     @classmethod
