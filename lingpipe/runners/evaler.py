@@ -1,0 +1,120 @@
+"""Evaluation of a task on one dataset: weighted metrics, summaries and a JSON file.
+
+    evaler = Evaler(task, strategy, dev_input, 'Dev', logdir, model_key)
+    metrics = evaler.Evaluate(step)     # {'loss': 2.31, 'log_pplx': ..., ...}
+
+Each metric is averaged over the batches with its weight (the number of tokens or
+examples it was computed on), so the result does not depend on how the data was
+batched. At most `task.params.eval.samples_per_summary` examples are read (0: the
+whole split), and never more than the split holds. The results go to the
+summaries in logdir/eval_<dataset> and, as JSON, to logdir/eval_<dataset>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import tensorflow as tf
+from absl import logging
+
+from lingpipe.models import base_task
+from lingpipe.runners import startup
+
+
+def _MetricSums(metrics):
+    """(value * weight, weight) per metric, summed over the replicas."""
+    return {
+        name: tf.stack([tf.cast(v * w, tf.float32), tf.cast(w, tf.float32)])
+        for name, (v, w) in metrics.items()
+    }
+
+
+class Evaler:
+    """Evaluates `task` on `input_generator`'s dataset (see the module docstring)."""
+
+    def __init__(
+        self,
+        task: base_task.BaseTask,
+        strategy: tf.distribute.Strategy,
+        input_generator,
+        dataset: str,
+        logdir: str,
+        model_key: str,
+    ) -> None:
+        self._task = task
+        self._strategy = strategy
+        self._input = input_generator
+        self._dataset = dataset
+        self._name = f"eval_{dataset.lower()}"
+        self._logdir = logdir
+        self._model_key = model_key
+        self._writer = None
+        batch = input_generator.params.batch_size
+        wanted = task.params.eval.samples_per_summary
+        available = input_generator.NumExamples() // batch
+        if not input_generator.repeat:
+            self._num_batches = available if wanted <= 0 else min(available, -(-wanted // batch))
+        elif wanted > 0:
+            self._num_batches = -(-wanted // batch)
+        else:
+            raise ValueError(
+                f"{dataset}: the input repeats forever and eval.samples_per_summary is "
+                f"{wanted}; expected samples_per_summary > 0 to bound the evaluation"
+            )
+
+        def Step(iterator):
+            batch = next(iterator)
+            out = strategy.run(lambda b: _MetricSums(task.EvalStep(b)), args=(batch,))
+            return {
+                k: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in out.items()
+            }
+
+        self._step = tf.function(Step, autograph=False)
+
+    @property
+    def json_path(self) -> str:
+        return os.path.join(self._logdir, self._name + ".json")
+
+    @property
+    def num_batches(self) -> int:
+        return self._num_batches
+
+    def Evaluate(self, step: int) -> dict[str, float]:
+        """Metrics of the task's current weights on the dataset, recorded as of `step`."""
+        start = time.monotonic()
+        dataset = self._strategy.distribute_datasets_from_function(self._input.GetDataset)
+        iterator = iter(dataset)
+        totals: dict[str, list[float]] = {}
+        for _ in range(self._num_batches):
+            for name, pair in self._step(iterator).items():
+                v, w = pair.numpy().tolist()
+                acc = totals.setdefault(name, [0.0, 0.0])
+                acc[0] += v
+                acc[1] += w
+        metrics = {k: (vw / w if w > 0 else float("nan")) for k, (vw, w) in sorted(totals.items())}
+        examples = self._num_batches * self._input.params.batch_size
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(os.path.join(self._logdir, self._name))
+        with self._writer.as_default(step=step):
+            for name, value in metrics.items():
+                tf.summary.scalar(name, value)
+        self._writer.flush()
+        record = {
+            "model": self._model_key,
+            "dataset": self._dataset,
+            "step": step,
+            "examples": examples,
+            "metrics": metrics,
+        }
+        startup.WriteAtomically(self.json_path, json.dumps(record, indent=2, sort_keys=True) + "\n")
+        logging.info(
+            "Eval %s at step %d over %d examples (%.1fs): %s",
+            self._dataset,
+            step,
+            examples,
+            time.monotonic() - start,
+            " ".join(f"{k}={v:.6g}" for k, v in metrics.items()),
+        )
+        return metrics

@@ -1,0 +1,221 @@
+"""The trainer's start-up: resolve the params, check the logdir, set up the devices.
+
+Everything here runs before anything is written: a bad model name, override or
+logdir raises `UsageError` (the trainer prints it and exits with status 2), and
+the logdir is created only once the params resolve.
+
+The params of a run are the registered model's (`model_registry.GetParams(key,
+'Train')`), then `--params_file`, then `--params_override`, then the shortcut
+flags (`--max_steps`, `--num_stages`, `--num_micro_batches`, `--seed`), in that
+order. Overrides use Lingvo's text: `a.b : 1; c.d : 'x'`, one assignment per `;`
+or line, values read as literals and never run as code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+
+from lingpipe import hyperparams, model_registry
+
+PARAMS_FILE = "params.txt"
+PARAMS_DIFF_FILE = "params_diff.txt"
+
+
+class UsageError(ValueError):
+    """Input the user can fix: the message says what was received and what was expected."""
+
+
+@dataclasses.dataclass
+class Overrides:
+    """What the flags change in the registered params."""
+
+    params_file: str | None = None
+    params_override: str = ""
+    max_steps: int | None = None
+    num_stages: int | None = None
+    num_micro_batches: int | None = None
+    seed: int | None = None
+
+
+@dataclasses.dataclass
+class ResolvedParams:
+    """The params of a run, and those of the registered model they started from."""
+
+    key: str
+    task: hyperparams.InstantiableParams  # with input = the Train dataset's
+    defaults: hyperparams.InstantiableParams
+    eval_datasets: list[str]  # 'Dev', 'Test', ...: every dataset but Train
+    overrides: Overrides
+
+    def EvalTaskParams(self, dataset: str) -> hyperparams.InstantiableParams:
+        """The run's task params with `input` set to `dataset`'s input params."""
+        p = self.task.Copy()
+        p.input = model_registry.GetParams(self.key, dataset).input
+        if self.overrides.seed is not None and "seed" in p.input:
+            p.input.seed = self.overrides.seed
+        return p
+
+
+def SplitOverrides(text: str) -> list[str]:
+    """Splits `a : 1; b : "x;y"` at `;` and newlines outside quotes and brackets."""
+    parts, current, quote, depth = [], [], None, 0
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            current.append(c)
+            if c == "\\" and i + 1 < len(text):
+                current.append(text[i + 1])
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+            current.append(c)
+        elif c in "([{":
+            depth += 1
+            current.append(c)
+        elif c in ")]}":
+            depth -= 1
+            current.append(c)
+        elif c in ";\n" and depth <= 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(c)
+        i += 1
+    parts.append("".join(current))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _Apply(p: hyperparams.Params, text: str, source: str) -> None:
+    """Applies `name : value` assignments in order; raises UsageError naming `source`."""
+    for assignment in SplitOverrides(text):
+        try:
+            p.FromText(assignment)
+        except (AttributeError, ValueError, TypeError) as e:
+            raise UsageError(f"{source}: cannot apply {assignment!r}: {e}") from None
+
+
+def _SetShortcut(p: hyperparams.Params, name: str, value: int | None, flag: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"--{flag}: expected a positive integer, received {value!r}")
+    if name not in p:
+        raise UsageError(
+            f"--{flag}={value}: the task {p.cls.__name__} has no param {name!r}, so it "
+            "cannot be set from the command line (is the task pipelined?)"
+        )
+    p.Set(**{name: value})
+
+
+def ResolveParams(key: str, overrides: Overrides) -> ResolvedParams:
+    """The params of model `key` with `overrides` applied (see the module docstring).
+
+    Raises:
+      UsageError: unknown model, unreadable params file, or a bad override.
+    """
+    try:
+        defaults = model_registry.GetParams(key, "Train")
+        datasets = model_registry.GetClass(key).Datasets()
+    except ValueError as e:
+        raise UsageError(f"--model={key}: {e}") from None
+    p = defaults.Copy()
+    if overrides.params_file:
+        try:
+            with open(overrides.params_file) as f:
+                text = f.read()
+        except OSError as e:
+            raise UsageError(
+                f"--params_file={overrides.params_file}: cannot read it ({e.strerror}); "
+                "expected a text file of 'name : value' lines"
+            ) from None
+        _Apply(p, text, f"--params_file={overrides.params_file}")
+    if overrides.params_override:
+        _Apply(p, overrides.params_override, "--params_override")
+    if overrides.max_steps is not None:
+        if isinstance(overrides.max_steps, bool) or overrides.max_steps < 1:
+            raise UsageError(
+                f"--max_steps: expected a positive integer, received {overrides.max_steps!r}"
+            )
+        p.train.max_steps = overrides.max_steps
+    _SetShortcut(p, "num_stages", overrides.num_stages, "num_stages")
+    _SetShortcut(p, "num_micro_batches", overrides.num_micro_batches, "num_micro_batches")
+    if overrides.seed is not None:
+        if isinstance(overrides.seed, bool) or overrides.seed < 0:
+            raise UsageError(f"--seed: expected an integer >= 0, received {overrides.seed!r}")
+        p.random_seed = overrides.seed
+        if p.input is not None and "seed" in p.input:
+            p.input.seed = overrides.seed
+    return ResolvedParams(
+        key=key,
+        task=p,
+        defaults=defaults,
+        eval_datasets=[d for d in datasets if d != "Train"],
+        overrides=overrides,
+    )
+
+
+def CheckLogdir(logdir: str) -> str:
+    """Returns the absolute logdir; it may not exist yet, but must be creatable as a directory.
+
+    Nothing is created here (that waits until everything else has been checked).
+
+    Raises:
+      UsageError: the path is empty, is a file, or lies under a file.
+    """
+    if not logdir:
+        raise UsageError(
+            "--logdir: expected a directory for checkpoints and summaries, received ''"
+        )
+    path = os.path.abspath(os.path.expanduser(logdir))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(
+            f"--logdir={logdir}: {path} is a file; expected a directory (existing or to create)"
+        )
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UsageError(
+            f"--logdir={logdir}: {parent} is a file, so {path} cannot be created; expected a "
+            "directory (existing or to create)"
+        )
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--logdir={logdir}: {parent} is not writable")
+    return path
+
+
+def WriteAtomically(path: str, text: str) -> None:
+    """Writes `text` to `path` through a temporary file and a rename: never half a file."""
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def WriteParams(logdir: str, resolved: ResolvedParams) -> tuple[str, str]:
+    """Writes the full params text and its diff against the registered defaults.
+
+    Returns (params text, diff text). The diff's `>` lines are this run's values,
+    `<` lines the registered model's.
+    """
+    text = resolved.task.ToText()
+    diff = resolved.task.TextDiff(resolved.defaults)
+    header = f"# Params of {resolved.key} as run by lingpipe.trainer.\n"
+    WriteAtomically(os.path.join(logdir, PARAMS_FILE), header + text)
+    diff_header = (
+        f"# Where this run differs from the registered {resolved.key}:\n"
+        "# '>' this run, '<' the registered default.\n"
+    )
+    WriteAtomically(os.path.join(logdir, PARAMS_DIFF_FILE), diff_header + diff)
+    return text, diff

@@ -1,0 +1,264 @@
+"""The train loop: one step function for every `tf.distribute` strategy.
+
+Each step runs inside one `tf.function` through `strategy.run`. Per replica:
+
+    metrics, grads = task.ComputeGradients(batch, step)    # the micro-batch pipeline
+    grads = all_reduce(MEAN, grads)                         # skipped with one replica
+    metrics = weighted mean of the metrics over replicas
+    task.ApplyGradients(grads, step)                        # clip, then apply once
+
+With the default strategy (one replica) this is the single-host path. The host
+loop reads the step's metrics, stops with `NonFiniteError` (naming the step and
+the first variable whose gradient is not finite) before anything more is saved,
+writes summaries, the progress line and checkpoints, and calls the evaluators.
+
+Step numbers are counts of finished steps, as Lingvo's global step: step 1 is the
+first, and checkpoint ckpt-N holds the weights after N steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from lingpipe.models import base_task
+from lingpipe.nested_map import NestedMap
+from lingpipe.runners import checkpointer, progress
+
+
+class NonFiniteError(RuntimeError):
+    """A step's loss or gradient was NaN or infinite."""
+
+
+@dataclasses.dataclass
+class Intervals:
+    """How often the loop does its chores (0 turns a chore off; the end always saves)."""
+
+    log_steps: int = 100
+    summary_steps: int = 10
+    checkpoint_steps: int = 100
+    eval_steps: int = 0
+    progress_seconds: float = 5.0
+
+
+def ReduceMetrics(metrics: NestedMap) -> NestedMap:
+    """In a replica: each (value, weight) metric's weighted mean and total weight over replicas."""
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1:
+        return metrics
+    names = sorted(metrics)
+    sums = ctx.all_reduce(
+        tf.distribute.ReduceOp.SUM,
+        [
+            tf.stack([tf.cast(v * w, tf.float32), tf.cast(w, tf.float32)])
+            for v, w in (metrics[n] for n in names)
+        ],
+    )
+    return NestedMap({n: (s[0] / tf.maximum(s[1], 1e-30), s[1]) for n, s in zip(names, sums)})
+
+
+def ReduceGradients(grads: list[tf.Tensor | None]) -> list[tf.Tensor | None]:
+    """In a replica: the mean of each gradient over the replicas (as is with one replica)."""
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1:
+        return grads
+    present = [i for i, g in enumerate(grads) if g is not None]
+    reduced = ctx.all_reduce(
+        tf.distribute.ReduceOp.MEAN, [tf.convert_to_tensor(grads[i]) for i in present]
+    )
+    out = list(grads)
+    for i, g in zip(present, reduced):
+        out[i] = g
+    return out
+
+
+def MakeTrainStep(tasks: list[base_task.BaseTask], strategy: tf.distribute.Strategy) -> Callable:
+    """Returns step(iterator, step) -> (metrics, finite): one synchronous training step.
+
+    `tasks[r]` is local replica r's copy of the task (one task for one replica).
+    Gradients are computed and reduced inside `strategy.run`; each copy then
+    applies the same reduced gradients to its own weights, so the copies stay equal.
+    `metrics` is a NestedMap of (value, weight) pairs, the same on every replica;
+    `finite[i]` says whether the reduced gradient of `tasks[0].trainable_variables[i]`
+    is all finite.
+    """
+
+    def ReplicaTask() -> base_task.BaseTask:
+        if len(tasks) == 1:
+            return tasks[0]
+        raise ValueError(
+            f"MakeTrainStep: received {len(tasks)} task copies; pipelines in several "
+            "replicas are placed by the replica's device group, which this step cannot "
+            "find"
+        )
+
+    def ReplicaStep(batch: NestedMap, step: tf.Tensor):
+        metrics, grads = ReplicaTask().ComputeGradients(batch, step)
+        return ReduceMetrics(metrics), ReduceGradients(grads)
+
+    # AutoGraph is off: it would only double the trace time of the pipeline's
+    # Python loops, which must unroll anyway.
+    @tf.function(autograph=False)
+    def Step(iterator, step):
+        batch = next(iterator)
+        metrics, grads = strategy.run(ReplicaStep, args=(batch, step))
+        metrics = tf.nest.map_structure(
+            lambda v: strategy.experimental_local_results(v)[0], metrics
+        )
+        local_grads = [strategy.experimental_local_results(g) for g in grads]
+        for r, task in enumerate(tasks):
+            applied = task.ApplyGradients([g[r] for g in local_grads], step)
+            if r == 0:
+                metrics.update(applied)
+        finite = tf.stack(
+            [
+                tf.constant(True) if g[0] is None else tf.reduce_all(tf.math.is_finite(g[0]))
+                for g in local_grads
+            ]
+        )
+        return metrics, finite
+
+    return Step
+
+
+def _Scalars(metrics: NestedMap) -> dict[str, float]:
+    return {name: float(value) for name, (value, _) in sorted(metrics.items())}
+
+
+class Trainer:
+    """Runs training steps with summaries, progress, checkpoints and evaluation.
+
+    Args:
+      tasks: the copies of the task, one per local replica of `strategy`, each with
+        its optimizer created; the first is the one checkpointed and restored into all.
+      strategy: the `tf.distribute` strategy that runs the replicas.
+      train_input: the training input generator (`batch_size` is the global batch).
+      logdir: where summaries (logdir/train) and checkpoints (logdir/checkpoints) go.
+      intervals: how often to log, summarise, checkpoint and evaluate.
+      evaluate: called with the step number at eval intervals and at the end.
+      checkpoint_dir: where checkpoints go (default logdir/checkpoints).
+      max_to_keep: how many of the newest checkpoints to keep.
+    """
+
+    def __init__(
+        self,
+        tasks: list[base_task.BaseTask],
+        strategy: tf.distribute.Strategy,
+        train_input,
+        logdir: str,
+        intervals: Intervals,
+        evaluate: Callable[[int], None] | None = None,
+        checkpoint_dir: str | None = None,
+        max_to_keep: int = 5,
+    ) -> None:
+        self._tasks = list(tasks)
+        self._task = self._tasks[0]
+        self._strategy = strategy
+        self._input = train_input
+        self._logdir = logdir
+        self._intervals = intervals
+        self._evaluate = evaluate
+        self._global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self._checkpointer = checkpointer.Checkpointer(
+            checkpoint_dir or os.path.join(logdir, "checkpoints"),
+            task=self._task,
+            max_to_keep=max_to_keep,
+            global_step=self._global_step,
+        )
+        self._step_fn = MakeTrainStep(self._tasks, strategy)
+
+    @property
+    def checkpointer(self) -> checkpointer.Checkpointer:
+        return self._checkpointer
+
+    @property
+    def global_step(self) -> int:
+        return int(self._global_step.numpy())
+
+    def _Iterator(self, start_step: int):
+        def DatasetFn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+            return self._input.GetDataset(ctx, start_batch=start_step)
+
+        return iter(self._strategy.distribute_datasets_from_function(DatasetFn))
+
+    def _CheckFinite(self, step: int, metrics: NestedMap, finite: np.ndarray) -> None:
+        loss = float(metrics.loss[0])
+        bad_vars = [v.name for v, ok in zip(self._task.trainable_variables, finite) if not bool(ok)]
+        if math.isfinite(loss) and not bad_vars:
+            return
+        last = self._checkpointer.latest
+        raise NonFiniteError(
+            f"Step {step}: the loss is {loss} and {len(bad_vars)} of "
+            f"{len(finite)} gradients are not finite"
+            + (f"; the first is that of {bad_vars[0]}" if bad_vars else "")
+            + ". Training stopped before saving anything of this step; the last good "
+            + (f"checkpoint is {last}." if last else "state was never checkpointed.")
+            + " Lower train.learning_rate, set train.clip_gradient_norm_to_value, or "
+            "check the input."
+        )
+
+    def Train(self) -> dict[str, float]:
+        """Trains from the latest checkpoint (or from scratch) to train.max_steps.
+
+        Returns the last step's metrics (empty if there was nothing left to do).
+        """
+        max_steps = self._task.params.train.max_steps
+        restored = self._checkpointer.Restore()
+        start = self.global_step
+        if restored:
+            logging.info("Resumed from %s at step %d of %d", restored, start, max_steps)
+        if start >= max_steps:
+            logging.info("Nothing to train: step %d already reached max_steps=%d", start, max_steps)
+            return {}
+        iterator = self._Iterator(start)
+        writer = tf.summary.create_file_writer(os.path.join(self._logdir, "train"))
+        iv = self._intervals
+        batch_size = self._input.params.batch_size
+        bar = progress.Progress(max_steps, stream=sys.stderr, interval_s=iv.progress_seconds)
+        bar.Start(start)
+        last_time, last_step, scalars = time.monotonic(), start, {}
+        try:
+            for step in range(start + 1, max_steps + 1):
+                metrics, finite = self._step_fn(iterator, tf.constant(step - 1, tf.int64))
+                self._CheckFinite(step, metrics, finite.numpy())
+                self._global_step.assign(step)
+                scalars = _Scalars(metrics)
+                bar.Update(step, scalars["loss"], examples_per_step=batch_size)
+                if iv.summary_steps and step % iv.summary_steps == 0 or step == max_steps:
+                    now = time.monotonic()
+                    rate = (step - last_step) / max(now - last_time, 1e-9)
+                    last_time, last_step = now, step
+                    with writer.as_default(step=step):
+                        for name, value in scalars.items():
+                            tf.summary.scalar(name, value)
+                        tf.summary.scalar("steps_per_sec", rate)
+                        tf.summary.scalar("examples_per_sec", rate * batch_size)
+                    writer.flush()
+                if iv.log_steps and step % iv.log_steps == 0:
+                    bar.Close()  # Log lines start on their own line, not after the bar.
+                    logging.info(
+                        "step %d/%d %s",
+                        step,
+                        max_steps,
+                        " ".join(f"{k}={v:.6g}" for k, v in scalars.items()),
+                    )
+                if iv.checkpoint_steps and step % iv.checkpoint_steps == 0 or step == max_steps:
+                    bar.Close()
+                    logging.info("Saved %s", self._checkpointer.Save(step))
+                if self._evaluate and (
+                    iv.eval_steps and step % iv.eval_steps == 0 or step == max_steps
+                ):
+                    bar.Close()
+                    self._evaluate(step)
+        finally:
+            bar.Close()
+            writer.close()
+        return scalars

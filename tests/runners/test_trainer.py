@@ -1,0 +1,265 @@
+"""The trainer binary end to end, in subprocesses: train, eval, resume, failures, bad input."""
+
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+TRAINER_PARAMS = os.path.join(os.path.dirname(__file__), "trainer_params")
+# Runs the trainer with tests/runners/trainer_params on the `params` package's path.
+LAUNCH = (
+    "import sys, params; params.__path__.append(sys.argv.pop(1)); "
+    "from lingpipe import trainer; trainer.Run()"
+)
+LM = "--model=lm.TransformerLmTiny"
+TIMEOUT_S = 240
+
+
+def _Command(*flags):
+    return [sys.executable, "-c", LAUNCH, TRAINER_PARAMS, *flags]
+
+
+def _Env():
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+
+
+def Trainer(*flags, timeout=TIMEOUT_S):
+    """Runs the trainer to its end; returns the CompletedProcess (stdout, stderr as text)."""
+    return subprocess.run(
+        _Command(*flags), capture_output=True, text=True, timeout=timeout, env=_Env()
+    )
+
+
+def Events(directory):
+    """{tag: {step: value}} of the scalar summaries of the event files in `directory`."""
+    out = {}
+    files = glob.glob(os.path.join(directory, "events.out.tfevents.*"))
+    assert files, f"no event files in {directory}"
+    for path in files:
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                scalar = float(tf.make_ndarray(value.tensor))
+                out.setdefault(value.tag, {})[event.step] = scalar
+    return out
+
+
+def Weights(checkpoint_path):
+    """{name: array} of the task's weights (not the optimizer's) in a checkpoint."""
+    reader = tf.train.load_checkpoint(checkpoint_path)
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if name.startswith("task/") and "optimizer" not in name
+    }
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A TransformerLmTiny run of 40 steps, pipelined over 2 logical CPU devices."""
+    logdir = str(tmp_path_factory.mktemp("runs") / "lm")
+    run = Trainer(
+        LM,
+        f"--logdir={logdir}",
+        "--max_steps=40",
+        "--summary_interval_steps=5",
+        "--checkpoint_interval_steps=20",
+        "--log_interval_steps=10",
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return logdir, run
+
+
+def test_train_and_eval_writes_params_checkpoints_summaries_and_eval(trained):
+    logdir, run = trained
+    # Pipelined over two devices, as the partition report at start-up says.
+    assert "/device:CPU:0" in run.stderr and "/device:CPU:1" in run.stderr
+    params_text = open(os.path.join(logdir, "params.txt")).read()
+    assert "train.max_steps : 40" in params_text and "num_stages : 2" in params_text
+    diff = open(os.path.join(logdir, "params_diff.txt")).read()
+    assert "> train.max_steps : 40" in diff and "< train.max_steps : 400" in diff
+    ckpts = tf.train.get_checkpoint_state(os.path.join(logdir, "checkpoints"))
+    assert [os.path.basename(p) for p in ckpts.all_model_checkpoint_paths] == [
+        "ckpt-20",
+        "ckpt-40",
+    ]
+    weights = Weights(ckpts.model_checkpoint_path)
+    assert (
+        len(weights) == 37 and "task/pipeline/cell_0/emb/emb/.ATTRIBUTES/VARIABLE_VALUE" in weights
+    )
+    assert all(np.all(np.isfinite(w)) for w in weights.values())
+    train = Events(os.path.join(logdir, "train"))
+    for tag in ("loss", "learning_rate", "grad_norm", "steps_per_sec", "examples_per_sec"):
+        assert sorted(train[tag]) == list(range(5, 45, 5)), tag
+    assert train["loss"][40] < train["loss"][5] - 1.0  # from ~5 nats/byte down
+    np.testing.assert_allclose(
+        train["examples_per_sec"][40] / train["steps_per_sec"][40], 32, rtol=1e-5
+    )
+    for dataset in ("dev", "test"):
+        result = json.load(open(os.path.join(logdir, f"eval_{dataset}.json")))
+        assert result["step"] == 40 and result["model"] == "lm.TransformerLmTiny"
+        assert result["metrics"]["loss"] < train["loss"][5]
+        events = Events(os.path.join(logdir, f"eval_{dataset}"))
+        np.testing.assert_allclose(events["loss"][40], result["metrics"]["loss"], rtol=1e-6)
+
+
+def test_eval_mode_evaluates_the_latest_checkpoint(trained, tmp_path):
+    logdir = str(tmp_path / "copy")
+    shutil.copytree(trained[0], logdir)
+    before = json.load(open(os.path.join(logdir, "eval_dev.json")))
+    os.remove(os.path.join(logdir, "eval_dev.json"))
+    run = Trainer(LM, f"--logdir={logdir}", "--mode=eval", "--max_steps=40")
+    assert run.returncode == 0, run.stderr[-3000:]
+    after = json.load(open(os.path.join(logdir, "eval_dev.json")))
+    assert after["step"] == 40
+    np.testing.assert_allclose(after["metrics"]["loss"], before["metrics"]["loss"], rtol=1e-5)
+
+
+def test_corrupted_latest_checkpoint_falls_back_to_the_previous(trained, tmp_path):
+    logdir = str(tmp_path / "copy")
+    shutil.copytree(trained[0], logdir)
+    ckpt_dir = os.path.join(logdir, "checkpoints")
+    with open(os.path.join(ckpt_dir, "ckpt-40.data-00000-of-00001"), "wb") as f:
+        f.write(b"not a checkpoint")
+    run = Trainer(LM, f"--logdir={logdir}", "--max_steps=45", "--mode=train")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"Checkpoint {ckpt_dir}/ckpt-40 cannot be read" in run.stderr
+    assert f"falling back to the one before it, {ckpt_dir}/ckpt-20" in run.stderr
+    assert f"Resumed from {ckpt_dir}/ckpt-20 at step 20" in run.stderr
+    assert tf.train.latest_checkpoint(ckpt_dir).endswith("ckpt-45")
+
+
+def _LoggedSteps(stderr):
+    return [
+        int(line.split("step ")[1].split("/")[0])
+        for line in stderr.splitlines()
+        if "] step " in line
+    ]
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_ends_with_the_weights_of_an_uninterrupted_run(tmp_path):
+    flags = [LM, "--max_steps=120", "--checkpoint_interval_steps=10", "--log_interval_steps=1"]
+    whole = Trainer(*flags, f"--logdir={tmp_path / 'whole'}", "--mode=train")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    logdir = tmp_path / "killed"
+    ckpt_dir = logdir / "checkpoints"
+    proc = subprocess.Popen(
+        _Command(*flags, f"--logdir={logdir}", "--mode=train"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=_Env(),
+    )
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not (ckpt_dir / "ckpt-20.index").exists():
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no checkpoint appeared in time"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    latest = tf.train.latest_checkpoint(str(ckpt_dir))
+    assert latest is not None and not latest.endswith("ckpt-120"), latest
+    resumed_at = int(latest.rsplit("-", 1)[1])
+
+    rerun = Trainer(*flags, f"--logdir={logdir}", "--mode=train")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"Resumed from {latest} at step {resumed_at}" in rerun.stderr
+    # No step already checkpointed is trained again.
+    assert _LoggedSteps(rerun.stderr) == list(range(resumed_at + 1, 121))
+    a = Weights(str(tmp_path / "whole" / "checkpoints" / "ckpt-120"))
+    b = Weights(str(ckpt_dir / "ckpt-120"))
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    logdir = tmp_path / "nan"
+    run = Trainer(
+        "--model=nanfam.PoisonedRegression",
+        f"--logdir={logdir}",
+        "--checkpoint_interval_steps=2",
+        "--mode=train",
+    )
+    assert run.returncode == 1
+    message = run.stderr.strip().splitlines()[-1]
+    assert message.startswith("lingpipe.trainer: error: Step 6: the loss is nan")
+    assert "the first is that of regression/pipeline/cell_0/w:0" in message
+    assert f"the last good checkpoint is {logdir}/checkpoints/ckpt-4" in message
+    ckpt_dir = str(logdir / "checkpoints")
+    assert tf.train.latest_checkpoint(ckpt_dir).endswith("ckpt-4")
+    weights = Weights(tf.train.latest_checkpoint(ckpt_dir))
+    assert weights and all(np.all(np.isfinite(w)) for w in weights.values())
+
+
+def test_inspect_model_prints_the_layer_tree_and_partition_report():
+    run = Trainer(LM, "--mode=inspect_model", "--num_stages=2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert "Pipeline lm/pipeline:" in out
+    for row in ("0      /device:CPU:0", "1      /device:CPU:1"):
+        assert row in out
+    assert "GFLOPs" in out and "micro_batches=2" in out
+    assert "Total: 133,507 parameters" in out
+
+
+def test_inspect_params_prints_the_overridden_params():
+    run = Trainer(LM, "--mode=inspect_params", "--params_override=model_dims : 32; num_heads : 4")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "model_dims : 32\n" in run.stdout and "num_heads : 4\n" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--model=lm.TransformerLmTinyy"], r"Unknown model 'lm.TransformerLmTinyy'. Did you mean"),
+        (
+            ["--params_override=train.lerning_rate : 0.1"],
+            r"--params_override: cannot apply 'train.lerning_rate : 0.1': .*Did you mean: "
+            r"\['learning_rate'\]",
+        ),
+        (
+            ["--params_override=model_dims : __import__('os').system('touch /tmp/pwned')"],
+            r"value for 'model_dims' is not a literal",
+        ),
+        (["--logical_devices=65"], r"--logical_devices=65: .*expected an integer in \[1, 64\]"),
+        (["--num_micro_batches=0"], r"--num_micro_batches: expected a positive integer"),
+        (["--strategy=tpu", "--tpu=no-such-tpu"], r"--strategy=tpu"),
+        (["positional"], r"unexpected arguments \['positional'\]"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(tmp_path, flags, message):
+    logdir = tmp_path / "never"
+    args = [flags[0]] if flags[0].startswith("--model") else [LM, *flags]
+    if flags[0].startswith("--model"):
+        args += flags[1:]
+    run = Trainer(*args, f"--logdir={logdir}", "--max_steps=2", timeout=60)
+    assert run.returncode == 2, run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("lingpipe.trainer: error: "), run.stderr[-3000:]
+    assert re.search(message, last), last
+    assert "Traceback" not in run.stderr
+    assert not logdir.exists()
+
+
+def test_logdir_that_is_a_file(tmp_path):
+    path = tmp_path / "a_file"
+    path.write_text("keep me")
+    run = Trainer(LM, f"--logdir={path}", timeout=60)
+    assert run.returncode == 2
+    assert f"--logdir={path}: {path} is a file; expected a directory" in run.stderr
+    assert path.read_text() == "keep me"
