@@ -8,6 +8,10 @@ accelerators; it must run before TensorFlow initializes its devices.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+
 import tensorflow as tf
 
 # TensorFlow accepts many more, but each logical CPU device costs threads and
@@ -15,6 +19,9 @@ import tensorflow as tf
 MAX_LOGICAL_CPU_DEVICES = 64
 
 _ACCELERATOR_ORDER = ("TPU", "GPU", "CPU")
+
+# The device group of the replica being built (see ReplicaDevices), per thread.
+_REPLICA = threading.local()
 
 
 def SetLogicalCpuDevices(n: int) -> None:
@@ -73,8 +80,34 @@ def AvailableDevices(device_type: str | None = None) -> list[str]:
     return []
 
 
+@contextlib.contextmanager
+def ReplicaDevices(devices: Sequence[str]) -> Iterator[list[str]]:
+    """Within, pipelines built without explicit devices use this replica's `devices`.
+
+    for group in cluster.ReplicaDeviceGroups(num_stages=4):   # [[CPU:0..3], [CPU:4..7]]
+      with cluster.ReplicaDevices(group):
+        copies.append(task_params.Instantiate())            # stage k on group[k]
+    """
+    group = [CanonicalDevice(d) for d in devices]
+    previous = getattr(_REPLICA, "devices", None)
+    _REPLICA.devices = group
+    try:
+        yield group
+    finally:
+        _REPLICA.devices = previous
+
+
 def StageDevices(num_stages: int, device_type: str | None = None) -> list[str]:
-    """The first `num_stages` devices of AvailableDevices(device_type)."""
+    """The first `num_stages` devices of the replica's group (see ReplicaDevices), else of
+    AvailableDevices(device_type)."""
+    group = getattr(_REPLICA, "devices", None)
+    if group is not None and device_type is None:
+        if num_stages > len(group):
+            raise ValueError(
+                f"StageDevices: asked for {num_stages} devices for pipeline stages but this "
+                f"replica's device group has {len(group)}: {group}"
+            )
+        return group[:num_stages]
     devices = AvailableDevices(device_type)
     if num_stages > len(devices):
         kind = device_type or (_DeviceType(devices[0]) if devices else "any")
@@ -84,6 +117,47 @@ def StageDevices(num_stages: int, device_type: str | None = None) -> list[str]:
             f"or split the CPU with SetLogicalCpuDevices({num_stages}) (--logical_devices)"
         )
     return devices[:num_stages]
+
+
+def ReplicaDeviceGroups(
+    num_stages: int, num_replicas: int | None = None, devices: Sequence[str] | None = None
+) -> list[list[str]]:
+    """Splits `devices` (default: AvailableDevices()) into groups of `num_stages`, one per replica.
+
+    Group r is devices[r*K : (r+1)*K]: consecutive devices, which on a GPU host are
+    usually the ones with the fastest links between them. num_replicas None takes
+    as many groups as fit; devices left over stay idle.
+
+    Raises:
+      ValueError: fewer devices than one group, or than num_replicas groups.
+    """
+    devices = list(AvailableDevices() if devices is None else devices)
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        raise ValueError(f"ReplicaDeviceGroups: expected num_stages >= 1, received {num_stages!r}")
+    fit = len(devices) // num_stages
+    if num_replicas is None:
+        num_replicas = fit
+    if fit < 1 or num_replicas > fit or num_replicas < 1:
+        raise ValueError(
+            f"ReplicaDeviceGroups: {num_replicas} replica(s) of {num_stages} stage(s) need "
+            f"{max(num_replicas, 1) * num_stages} devices, but there are {len(devices)}: "
+            f"{devices}; lower num_stages or the replicas, or split the CPU into more "
+            "logical devices (--logical_devices)"
+        )
+    return [devices[r * num_stages : (r + 1) * num_stages] for r in range(num_replicas)]
+
+
+def DescribeGroups(groups: Sequence[Sequence[str]], all_devices: Sequence[str] = ()) -> str:
+    """'replica 0: stages on /device:CPU:0, /device:CPU:1' lines, and the idle devices."""
+    lines = [
+        f"replica {r}: stage {', stage '.join(f'{k} on {d}' for k, d in enumerate(g))}"
+        for r, g in enumerate(groups)
+    ]
+    used = {d for g in groups for d in g}
+    idle = [d for d in all_devices if d not in used]
+    if idle:
+        lines.append(f"idle: {', '.join(idle)}")
+    return "\n".join(lines)
 
 
 def CanonicalDevice(name: str) -> str:

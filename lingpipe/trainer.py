@@ -66,6 +66,12 @@ flags.DEFINE_enum(
     "on this host's devices), multi_worker (replicas over the hosts of TF_CONFIG), tpu.",
 )
 flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu.")
+flags.DEFINE_float(
+    "collective_timeout_s",
+    None,
+    "multi_worker: seconds a gradient all-reduce may wait for the other workers before "
+    "the run fails (None: wait forever).",
+)
 flags.DEFINE_integer(
     "logical_devices",
     0,
@@ -170,67 +176,96 @@ def _Run() -> int:
         )
     num_stages = resolved.task.num_stages if "num_stages" in resolved.task else 1
     _SetUpDevices(num_stages)
-    if FLAGS.strategy != "default":
-        raise startup.UsageError(
-            f"--strategy={FLAGS.strategy}: only 'default' is available in this build"
-        )
     import tensorflow as tf
 
-    strategy = tf.distribute.get_strategy()
-    task = _BuildTask(resolved.task)
+    from lingpipe import cluster
+    from lingpipe.runners import strategies
+
+    layout = strategies.BuildLayout(
+        FLAGS.strategy, num_stages, tpu=FLAGS.tpu, collective_timeout_s=FLAGS.collective_timeout_s
+    )
+    if layout.name == "tpu":
+        raise startup.UsageError(
+            "--strategy=tpu: reached a TPU, but pipelining across TPU cores is not wired "
+            "into the trainer yet"
+        )
+    logging.info("%s", layout.Describe())
+    tasks = []
+    for group in layout.groups:
+        with cluster.ReplicaDevices(group):
+            tasks.append(_BuildTask(resolved.task))
+    task = tasks[0]
     if FLAGS.mode == "inspect_model":
         print(inspect_model.Describe(task))
         return 0
     for path, report in inspect_model.PipelineReports(task):
         logging.info("Pipeline %s:\n%s", path, report)
+    micro = resolved.task.num_micro_batches if "num_micro_batches" in resolved.task else 1
+    logging.info("%s", layout.BatchPlan(resolved.task.input.batch_size, micro))
 
-    os.makedirs(logdir, exist_ok=True)
-    text, diff = startup.WriteParams(logdir, resolved)
-    logging.info("Params of %s:\n%s", resolved.key, text)
-    logging.info("Where they differ from the registered model:\n%s", diff or "(nowhere)\n")
+    if layout.is_chief:
+        os.makedirs(logdir, exist_ok=True)
+        text, diff = startup.WriteParams(logdir, resolved)
+        logging.info("Params of %s:\n%s", resolved.key, text)
+        logging.info("Where they differ from the registered model:\n%s", diff or "(nowhere)\n")
 
-    evalers = [
-        evaler.Evaler(
-            task,
-            strategy,
-            resolved.EvalTaskParams(d).input.Instantiate(),
-            d,
-            logdir,
-            resolved.key,
+    evalers = []
+    for dataset in resolved.eval_datasets:
+        eval_input = resolved.EvalTaskParams(dataset).input.Instantiate()
+        layout.BatchPlan(eval_input.params.batch_size, micro)
+        evalers.append(
+            evaler.Evaler(
+                tasks,
+                layout.strategy,
+                eval_input,
+                dataset,
+                logdir,
+                resolved.key,
+                is_chief=layout.is_chief,
+                num_workers=layout.num_workers,
+            )
         )
-        for d in resolved.eval_datasets
-    ]
     ckpt_dir = os.path.join(logdir, "checkpoints")
 
     if FLAGS.mode == "eval":
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         ckpt = checkpointer.Checkpointer(ckpt_dir, task=task, global_step=global_step)
-        if ckpt.Restore() is None:
+        restored = ckpt.Restore()
+        if restored is None:
             raise startup.UsageError(
                 f"--mode=eval: no checkpoint in {ckpt_dir}; train first (--mode=train)"
             )
+        for other in tasks[1:]:
+            tf.train.Checkpoint(task=other).read(restored).expect_partial()
         for e in evalers:
             e.Evaluate(int(global_step.numpy()))
         return 0
 
-    task.CreateOptimizer()
+    for t in tasks:
+        t.CreateOptimizer()
 
     def Evaluate(step: int) -> None:
         for e in evalers:
             e.Evaluate(step)
 
     trainer = train_loop.Trainer(
-        [task],
-        strategy,
+        tasks,
+        layout.strategy,
         task.CreateInputGenerator(),
         logdir,
         intervals,
         evaluate=Evaluate if FLAGS.mode == "train_and_eval" else None,
         checkpoint_dir=ckpt_dir,
         max_to_keep=FLAGS.max_checkpoints_to_keep,
+        is_chief=layout.is_chief,
     )
     metrics = trainer.Train()
-    logging.info("Done at step %d: %s", trainer.global_step, metrics)
+    logging.info(
+        "Done at step %d: %s; weights fingerprint %s",
+        trainer.global_step,
+        metrics,
+        train_loop.Fingerprint(task),
+    )
     return 0
 
 
@@ -249,7 +284,11 @@ def main(argv: list[str]) -> int:
     except startup.UsageError as e:
         print(f"lingpipe.trainer: error: {e}", file=sys.stderr)
         return 2
-    except (train_loop.NonFiniteError, checkpointer.CheckpointError) as e:
+    except (
+        train_loop.NonFiniteError,
+        train_loop.ClusterError,
+        checkpointer.CheckpointError,
+    ) as e:
         print(f"lingpipe.trainer: error: {e}", file=sys.stderr)
         return 1
 

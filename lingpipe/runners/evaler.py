@@ -20,7 +20,7 @@ import tensorflow as tf
 from absl import logging
 
 from lingpipe.models import base_task
-from lingpipe.runners import startup
+from lingpipe.runners import startup, train_loop
 
 
 def _MetricSums(metrics):
@@ -32,17 +32,25 @@ def _MetricSums(metrics):
 
 
 class Evaler:
-    """Evaluates `task` on `input_generator`'s dataset (see the module docstring)."""
+    """Evaluates the task on `input_generator`'s dataset (see the module docstring).
+
+    `tasks` holds one copy of the task per local replica of `strategy`; only the
+    chief writes summaries and JSON.
+    """
 
     def __init__(
         self,
-        task: base_task.BaseTask,
+        tasks: list[base_task.BaseTask],
         strategy: tf.distribute.Strategy,
         input_generator,
         dataset: str,
         logdir: str,
         model_key: str,
+        is_chief: bool = True,
+        num_workers: int = 1,
     ) -> None:
+        task = tasks[0]
+        self._is_chief = is_chief
         self._task = task
         self._strategy = strategy
         self._input = input_generator
@@ -53,7 +61,8 @@ class Evaler:
         self._writer = None
         batch = input_generator.params.batch_size
         wanted = task.params.eval.samples_per_summary
-        available = input_generator.NumExamples() // batch
+        # Each worker reads its shard, batch / num_workers examples per step.
+        available = (input_generator.NumExamples() // num_workers) // (batch // num_workers)
         if not input_generator.repeat:
             self._num_batches = available if wanted <= 0 else min(available, -(-wanted // batch))
         elif wanted > 0:
@@ -66,7 +75,10 @@ class Evaler:
 
         def Step(iterator):
             batch = next(iterator)
-            out = strategy.run(lambda b: _MetricSums(task.EvalStep(b)), args=(batch,))
+            out = strategy.run(
+                lambda b: _MetricSums(train_loop.ReplicaTask(tasks, strategy).EvalStep(b)),
+                args=(batch,),
+            )
             return {
                 k: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in out.items()
             }
@@ -95,6 +107,8 @@ class Evaler:
                 acc[1] += w
         metrics = {k: (vw / w if w > 0 else float("nan")) for k, (vw, w) in sorted(totals.items())}
         examples = self._num_batches * self._input.params.batch_size
+        if not self._is_chief:
+            return metrics
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(os.path.join(self._logdir, self._name))
         with self._writer.as_default(step=step):

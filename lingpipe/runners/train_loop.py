@@ -19,6 +19,7 @@ first, and checkpoint ckpt-N holds the weights after N steps.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import sys
@@ -36,6 +37,19 @@ from lingpipe.runners import checkpointer, progress
 
 class NonFiniteError(RuntimeError):
     """A step's loss or gradient was NaN or infinite."""
+
+
+class ClusterError(RuntimeError):
+    """A step failed in the runtime: a worker or device of the run went away."""
+
+
+# Errors of a step that mean a peer (another worker) failed, not a bug in the model.
+_CLUSTER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+)
 
 
 @dataclasses.dataclass
@@ -80,6 +94,30 @@ def ReduceGradients(grads: list[tf.Tensor | None]) -> list[tf.Tensor | None]:
     return out
 
 
+def LocalReplicas(strategy: tf.distribute.Strategy) -> int:
+    """How many replicas of `strategy` run in this process."""
+    try:
+        return len(strategy.extended.worker_devices)
+    except RuntimeError:  # The default strategy: one.
+        return 1
+
+
+def ReplicaTask(tasks: list, strategy: tf.distribute.Strategy):
+    """In a replica: this replica's copy of the task (see strategies.Layout)."""
+    if len(tasks) == 1:
+        return tasks[0]
+    # The replica's id is a constant in each replica's trace; the local replicas of a
+    # worker have consecutive ids (every worker runs as many).
+    ctx = tf.distribute.get_replica_context()
+    replica_id = tf.get_static_value(ctx.replica_id_in_sync_group)
+    if replica_id is None:
+        raise ValueError(
+            f"ReplicaTask: {len(tasks)} task copies need the replica id at trace time, "
+            f"but {type(strategy).__name__} gives it only at run time"
+        )
+    return tasks[int(replica_id) % len(tasks)]
+
+
 def MakeTrainStep(tasks: list[base_task.BaseTask], strategy: tf.distribute.Strategy) -> Callable:
     """Returns step(iterator, step) -> (metrics, finite): one synchronous training step.
 
@@ -91,17 +129,8 @@ def MakeTrainStep(tasks: list[base_task.BaseTask], strategy: tf.distribute.Strat
     is all finite.
     """
 
-    def ReplicaTask() -> base_task.BaseTask:
-        if len(tasks) == 1:
-            return tasks[0]
-        raise ValueError(
-            f"MakeTrainStep: received {len(tasks)} task copies; pipelines in several "
-            "replicas are placed by the replica's device group, which this step cannot "
-            "find"
-        )
-
     def ReplicaStep(batch: NestedMap, step: tf.Tensor):
-        metrics, grads = ReplicaTask().ComputeGradients(batch, step)
+        metrics, grads = ReplicaTask(tasks, strategy).ComputeGradients(batch, step)
         return ReduceMetrics(metrics), ReduceGradients(grads)
 
     # AutoGraph is off: it would only double the trace time of the pipeline's
@@ -129,6 +158,15 @@ def MakeTrainStep(tasks: list[base_task.BaseTask], strategy: tf.distribute.Strat
     return Step
 
 
+def Fingerprint(task: base_task.BaseTask) -> str:
+    """A short hash of the task's weights: equal on workers whose weights are bitwise equal."""
+    digest = hashlib.sha256()
+    for v in task.trainable_variables:
+        digest.update(v.name.encode())
+        digest.update(np.ascontiguousarray(v.numpy()).tobytes())
+    return digest.hexdigest()[:16]
+
+
 def _Scalars(metrics: NestedMap) -> dict[str, float]:
     return {name: float(value) for name, (value, _) in sorted(metrics.items())}
 
@@ -146,6 +184,8 @@ class Trainer:
       evaluate: called with the step number at eval intervals and at the end.
       checkpoint_dir: where checkpoints go (default logdir/checkpoints).
       max_to_keep: how many of the newest checkpoints to keep.
+      is_chief: whether this process writes checkpoints and summaries; the other
+        workers of a multi-worker run only read the chief's checkpoints.
     """
 
     def __init__(
@@ -158,6 +198,7 @@ class Trainer:
         evaluate: Callable[[int], None] | None = None,
         checkpoint_dir: str | None = None,
         max_to_keep: int = 5,
+        is_chief: bool = True,
     ) -> None:
         self._tasks = list(tasks)
         self._task = self._tasks[0]
@@ -166,6 +207,12 @@ class Trainer:
         self._logdir = logdir
         self._intervals = intervals
         self._evaluate = evaluate
+        self._is_chief = is_chief
+        if len(self._tasks) != LocalReplicas(strategy):
+            raise ValueError(
+                f"Trainer: expected one task copy per local replica of the strategy "
+                f"({LocalReplicas(strategy)}), received {len(self._tasks)}"
+            )
         self._global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self._checkpointer = checkpointer.Checkpointer(
             checkpoint_dir or os.path.join(logdir, "checkpoints"),
@@ -183,9 +230,21 @@ class Trainer:
     def global_step(self) -> int:
         return int(self._global_step.numpy())
 
+    def _Restore(self) -> str | None:
+        """Restores the newest readable checkpoint into every task copy."""
+        path = self._checkpointer.Restore()
+        if path is not None:
+            for task in self._tasks[1:]:
+                tf.train.Checkpoint(task=task).read(path).expect_partial()
+        return path
+
     def _Iterator(self, start_step: int):
+        # Each input pipeline (one per worker) feeds its local replicas one batch each
+        # per step.
+        local_replicas = len(self._tasks)
+
         def DatasetFn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-            return self._input.GetDataset(ctx, start_batch=start_step)
+            return self._input.GetDataset(ctx, start_batch=start_step * local_replicas)
 
         return iter(self._strategy.distribute_datasets_from_function(DatasetFn))
 
@@ -211,7 +270,7 @@ class Trainer:
         Returns the last step's metrics (empty if there was nothing left to do).
         """
         max_steps = self._task.params.train.max_steps
-        restored = self._checkpointer.Restore()
+        restored = self._Restore()
         start = self.global_step
         if restored:
             logging.info("Resumed from %s at step %d of %d", restored, start, max_steps)
@@ -219,7 +278,11 @@ class Trainer:
             logging.info("Nothing to train: step %d already reached max_steps=%d", start, max_steps)
             return {}
         iterator = self._Iterator(start)
-        writer = tf.summary.create_file_writer(os.path.join(self._logdir, "train"))
+        writer = (
+            tf.summary.create_file_writer(os.path.join(self._logdir, "train"))
+            if self._is_chief
+            else tf.summary.create_noop_writer()
+        )
         iv = self._intervals
         batch_size = self._input.params.batch_size
         bar = progress.Progress(max_steps, stream=sys.stderr, interval_s=iv.progress_seconds)
@@ -227,8 +290,18 @@ class Trainer:
         last_time, last_step, scalars = time.monotonic(), start, {}
         try:
             for step in range(start + 1, max_steps + 1):
-                metrics, finite = self._step_fn(iterator, tf.constant(step - 1, tf.int64))
-                self._CheckFinite(step, metrics, finite.numpy())
+                try:
+                    metrics, finite = self._step_fn(iterator, tf.constant(step - 1, tf.int64))
+                    finite = finite.numpy()
+                except _CLUSTER_ERRORS as e:
+                    last = self._checkpointer.latest
+                    raise ClusterError(
+                        f"Step {step} failed: {type(e).__name__}: {e.message.splitlines()[0]}. "
+                        "A worker of the run is gone or unreachable. The checkpoints are "
+                        f"intact (latest: {last}); restart every worker with the same command "
+                        "to resume from it."
+                    ) from None
+                self._CheckFinite(step, metrics, finite)
                 self._global_step.assign(step)
                 scalars = _Scalars(metrics)
                 bar.Update(step, scalars["loss"], examples_per_step=batch_size)
@@ -252,7 +325,8 @@ class Trainer:
                     )
                 if iv.checkpoint_steps and step % iv.checkpoint_steps == 0 or step == max_steps:
                     bar.Close()
-                    logging.info("Saved %s", self._checkpointer.Save(step))
+                    if self._is_chief:
+                        logging.info("Saved %s", self._checkpointer.Save(step))
                 if self._evaluate and (
                     iv.eval_steps and step % iv.eval_steps == 0 or step == max_steps
                 ):

@@ -190,7 +190,7 @@ def test_resume_after_sigkill_ends_with_the_weights_of_an_uninterrupted_run(tmp_
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     logdir = tmp_path / "nan"
     run = Trainer(
-        "--model=nanfam.PoisonedRegression",
+        "--model=regression.PoisonedRegression",
         f"--logdir={logdir}",
         "--checkpoint_interval_steps=2",
         "--mode=train",

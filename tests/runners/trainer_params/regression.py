@@ -1,8 +1,9 @@
-"""A test-only model family for the trainer's tests, imported as `params.nanfam`.
+"""A test-only model family for the trainer's tests, imported as `params.regression`.
 
 tests/runners/test_trainer.py runs the trainer with this folder on `params.__path__`.
-`PoisonedRegression` learns y = x . w over an input whose example `nan_example` has
-a NaN feature; the training order is fixed, so the NaN reaches the loss at step
+`Regression` learns y = x . w over inputs in a fixed order (no shuffle), so a test
+can compute which examples each step and each worker reads. `PoisonedRegression`'s
+example `nan_example` has a NaN feature, which reaches the loss at step
 nan_example // batch_size + 1.
 """
 
@@ -41,7 +42,7 @@ class RegressionInput(base_input.BaseInputGenerator):
         return NestedMap(x=x, y=y)
 
 
-class Regression(base_task.BaseTask):
+class RegressionTask(base_task.BaseTask):
     """Two linear cells pipelined over num_stages devices; mean squared error."""
 
     @classmethod
@@ -71,15 +72,23 @@ class Regression(base_task.BaseTask):
 
 
 @model_registry.RegisterSingleTaskModel
-class PoisonedRegression(base_model_params.SingleTaskModelParams):
-    """Example 40 is NaN: with batches of 8 the loss turns NaN at step 6."""
+class Regression(base_model_params.SingleTaskModelParams):
+    """Batches of 8, two stages of one linear cell each, 2 micro-batches, SGD."""
 
     def Train(self):
-        return RegressionInput.Params().Set(batch_size=8, nan_example=40)
+        return RegressionInput.Params().Set(batch_size=8)
 
     def Task(self):
-        p = Regression.Params().Set(name="regression", num_stages=2, num_micro_batches=2)
+        p = RegressionTask.Params().Set(name="regression", num_stages=2, num_micro_batches=2)
         p.train.optimizer = optimizers.SGD.Params()
         p.train.learning_rate = 0.01
         p.train.max_steps = 20
         return p
+
+
+@model_registry.RegisterSingleTaskModel
+class PoisonedRegression(Regression):
+    """Example 40 is NaN: with batches of 8 the loss turns NaN at step 6."""
+
+    def Train(self):
+        return RegressionInput.Params().Set(batch_size=8, nan_example=40)

@@ -1,0 +1,194 @@
+"""The `tf.distribute` strategy of a run and the devices of each replica's pipeline.
+
+GPipe runs model parallelism inside a replica (a pipeline of K stages on K
+devices) and data parallelism across replicas. A `Layout` says both:
+
+    default        one replica on this host; its stages on the first K devices.
+    mirrored       MirroredStrategy: this host's D devices in D // K groups of K, one
+                   replica per group (replica r's stage k on device r*K + k).
+    multi_worker   MultiWorkerMirroredStrategy over the hosts of TF_CONFIG; each host
+                   runs its own replicas over its local devices, as `mirrored` does.
+    tpu            TPUStrategy with a DeviceAssignment of K cores per replica
+                   (lingpipe.tpu).
+
+On CPU, GPU and multi-worker layouts each local replica has its own copy of the
+task, built inside `cluster.ReplicaDevices(group)` so that its pipeline's weights
+live on its group's devices (a strategy's mirrored variables would put all of a
+replica's weights on one device, which defeats the pipeline). The strategy runs
+the replicas, gives each its shard of the input, and all-reduces the gradients;
+every copy then applies the same reduced gradients, so the copies stay equal, as
+a mirrored variable's copies do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import tensorflow as tf
+
+from lingpipe import cluster
+from lingpipe.runners import startup
+
+
+@dataclasses.dataclass
+class Layout:
+    """A strategy and the stage devices of this host's replicas."""
+
+    name: str
+    strategy: tf.distribute.Strategy
+    groups: list[list[str]]  # groups[r][k]: device of stage k of local replica r
+    num_workers: int = 1
+    worker_index: int = 0
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes checkpoints, summaries and results (worker 0)."""
+        return self.worker_index == 0
+
+    @property
+    def num_replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    def Describe(self) -> str:
+        head = (
+            f"strategy={self.name}: {self.num_replicas} replica(s) of {len(self.groups[0])} "
+            f"stage(s)"
+        )
+        if self.num_workers > 1:
+            head += f" over {self.num_workers} workers; this is worker {self.worker_index}"
+        return head + "\n" + cluster.DescribeGroups(self.groups, cluster.AvailableDevices())
+
+    def BatchPlan(self, global_batch: int, num_micro_batches: int) -> str:
+        """How the global batch splits over replicas and micro-batches.
+
+        Raises:
+          startup.UsageError: the global batch is not divisible by the replicas.
+        """
+        replicas = self.num_replicas
+        if global_batch % replicas:
+            raise startup.UsageError(
+                f"the global batch of {global_batch} examples cannot be split evenly over "
+                f"{replicas} replicas; set input.batch_size to a multiple of {replicas} "
+                f"(e.g. {replicas * max(1, round(global_batch / replicas))})"
+            )
+        per_replica = global_batch // replicas
+        base, extra = divmod(per_replica, num_micro_batches)
+        sizes = f"{num_micro_batches} micro-batches of {base}"
+        if extra:
+            rest = num_micro_batches - extra
+            sizes = f"{extra} micro-batch(es) of {base + 1} and {rest} of {base}"
+        return (
+            f"global batch {global_batch} = {replicas} replica(s) x {per_replica}; each "
+            f"replica pipelines {sizes}"
+        )
+
+
+def _Worker() -> tuple[int, int]:
+    """(number of workers, this worker's index) from TF_CONFIG."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        raise startup.UsageError(
+            "--strategy=multi_worker reads the cluster from the TF_CONFIG environment "
+            'variable, which is not set; expected e.g. TF_CONFIG=\'{"cluster": {"worker": '
+            '["host0:12345", "host1:12345"]}, "task": {"type": "worker", '
+            '"index": 0}}\''
+        )
+    try:
+        config = json.loads(raw)
+        workers = config["cluster"]["worker"]
+        task = config["task"]
+        index = int(task["index"])
+        if task["type"] != "worker" or not 0 <= index < len(workers):
+            raise ValueError(f"task {task} is not one of the {len(workers)} workers")
+    except (ValueError, KeyError, TypeError) as e:
+        raise startup.UsageError(
+            f"--strategy=multi_worker: TF_CONFIG={raw!r} is not a cluster of workers with "
+            f"this process's task ({type(e).__name__}: {e}); expected {{'cluster': "
+            "{'worker': [...]}, 'task': {'type': 'worker', 'index': i}}"
+        ) from None
+    return len(workers), index
+
+
+class _LocalReplicasResolver(tf.distribute.cluster_resolver.TFConfigClusterResolver):
+    """TF_CONFIG's cluster, reporting one accelerator per local pipeline replica.
+
+    MultiWorkerMirroredStrategy makes one replica per reported GPU; a replica here
+    is a group of num_stages GPUs, so the strategy must see the number of groups.
+    """
+
+    def __init__(self, num_local_replicas: int) -> None:
+        super().__init__()
+        self._num_local_replicas = num_local_replicas
+
+    def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
+        return {"GPU": self._num_local_replicas}
+
+
+def BuildLayout(
+    name: str,
+    num_stages: int,
+    tpu: str | None = None,
+    collective_timeout_s: float | None = None,
+) -> Layout:
+    """The strategy `name` with this host's replica device groups (see the module docstring).
+
+    Raises:
+      startup.UsageError: unknown strategy, too few devices, no TF_CONFIG, no TPU.
+    """
+    if name == "default":
+        try:
+            groups = [cluster.StageDevices(num_stages)]
+        except ValueError as e:
+            raise startup.UsageError(f"--num_stages={num_stages}: {e}") from None
+        return Layout(name, tf.distribute.get_strategy(), groups)
+    if name == "mirrored":
+        try:
+            groups = cluster.ReplicaDeviceGroups(num_stages)
+        except ValueError as e:
+            raise startup.UsageError(f"--strategy=mirrored: {e}") from None
+        strategy = tf.distribute.MirroredStrategy(devices=[g[0] for g in groups])
+        return Layout(name, strategy, groups)
+    if name == "multi_worker":
+        num_workers, index = _Worker()
+        # The strategy configures collective ops, which must happen before TensorFlow
+        # initializes its devices: build it before listing any logical device.
+        gpus = tf.config.list_physical_devices("GPU")
+        local_replicas = len(gpus) // num_stages if gpus else 1
+        if gpus and local_replicas < 1:
+            raise startup.UsageError(
+                f"--strategy=multi_worker: {num_stages} stages need {num_stages} GPUs per "
+                f"worker, this worker has {len(gpus)}"
+            )
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=collective_timeout_s
+        )
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=_LocalReplicasResolver(local_replicas) if gpus else None,
+            communication_options=options,
+        )
+        try:
+            if gpus:
+                devices = cluster.AvailableDevices("GPU")
+                groups = cluster.ReplicaDeviceGroups(num_stages, local_replicas, devices)
+            else:  # One replica per CPU host: MultiWorkerMirroredStrategy uses CPU:0 only.
+                groups = [cluster.StageDevices(num_stages)]
+        except ValueError as e:
+            raise startup.UsageError(f"--strategy=multi_worker: {e}") from None
+        return Layout(name, strategy, groups, num_workers=num_workers, worker_index=index)
+    if name == "tpu":
+        from lingpipe import tpu as tpu_lib
+
+        try:
+            strategy, assignment = tpu_lib.BuildTpuStrategy(tpu, num_stages)
+        except ValueError as e:
+            raise startup.UsageError(f"--strategy=tpu --tpu={tpu}: {e}") from None
+        groups = [
+            [c.tpu_device for c in tpu_lib.StageCores(assignment, r)]
+            for r in range(assignment.num_replicas)
+        ]
+        return Layout(name, strategy, groups)
+    raise startup.UsageError(
+        f"--strategy={name}: expected one of default, mirrored, multi_worker, tpu"
+    )

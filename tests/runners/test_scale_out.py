@@ -1,0 +1,129 @@
+"""Data parallel x pipeline on 8 logical CPU devices: replicas each pipelining over their group.
+
+R replicas of K stages (MirroredStrategy over the groups' first devices, one task copy
+per group, gradients all-reduced by the strategy) must train exactly as one replica
+pipelining the whole global batch, and as the plain unpipelined model.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lingpipe import cluster, model_registry, optimizers, schedules
+from lingpipe.runners import strategies, train_loop
+
+KEY = "lm.TransformerLmTiny"
+
+
+def _Params(num_stages, num_micro_batches):
+    p = model_registry.GetParams(KEY, "Train")
+    p.num_stages, p.num_micro_batches = num_stages, num_micro_batches
+    p.train.optimizer = optimizers.SGD.Params()  # Adam's first step is ~lr * sign(g).
+    p.train.learning_rate = 0.5
+    p.train.lr_schedule = schedules.Constant.Params()
+    p.train.max_steps = 1
+    return p
+
+
+def _Train(tmp_path, num_stages, num_replicas, num_micro_batches, steps=1):
+    """Trains `steps` steps; returns (initial weights, task copies)."""
+    groups = cluster.ReplicaDeviceGroups(num_stages, num_replicas)
+    if num_replicas > 1:
+        # Not the default collective all-reduce: its group keys clash between several
+        # MirroredStrategy objects in one process (the trainer makes one per process).
+        strategy = tf.distribute.MirroredStrategy(
+            [g[0] for g in groups], cross_device_ops=tf.distribute.ReductionToOneDevice()
+        )
+    else:
+        strategy = tf.distribute.get_strategy()
+    p = _Params(num_stages, num_micro_batches)
+    p.train.max_steps = steps
+    tasks = []
+    for group in groups:
+        with cluster.ReplicaDevices(group):
+            tasks.append(p.Instantiate())
+        tasks[-1].CreateOptimizer()
+    initial = [v.numpy() for v in tasks[0].trainable_variables]
+    trainer = train_loop.Trainer(
+        tasks,
+        strategy,
+        tasks[0].CreateInputGenerator(),
+        str(tmp_path / f"r{num_replicas}k{num_stages}"),
+        train_loop.Intervals(log_steps=0, summary_steps=0, checkpoint_steps=0),
+    )
+    trainer.Train()
+    return initial, tasks
+
+
+def _Deltas(initial, task):
+    return [v.numpy() - w for v, w in zip(task.trainable_variables, initial)]
+
+
+def _AssertSameUpdate(a, b):
+    """The weight updates agree within 1e-5 of the largest update (float32 sums in
+    another order; some gradients are 0 in exact arithmetic and pure rounding)."""
+    scale = max(float(np.max(np.abs(d))) for d in b)
+    worst = max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+    assert scale > 1e-3
+    assert worst <= 1e-5 * scale, f"updates differ by {worst:.3g} of scale {scale:.3g}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One replica pipelining the global batch over 4 stages, and the plain model."""
+    tmp = tmp_path_factory.mktemp("reference")
+    initial, (one,) = _Train(tmp, num_stages=4, num_replicas=1, num_micro_batches=4)
+    plain_initial, (plain,) = _Train(tmp, num_stages=1, num_replicas=1, num_micro_batches=1)
+    for a, b in zip(initial, plain_initial):
+        np.testing.assert_array_equal(a, b)  # Same initial weights whatever the layout.
+    return initial, _Deltas(initial, one), _Deltas(initial, plain)
+
+
+@pytest.mark.parametrize("num_replicas, num_stages", [(2, 4), (4, 2)])
+def test_replicas_of_pipelines_train_as_one_pipeline_and_the_plain_model(
+    tmp_path, reference, num_replicas, num_stages
+):
+    initial, one_pipeline, plain = reference
+    start, tasks = _Train(tmp_path, num_stages, num_replicas, num_micro_batches=2)
+    for a, b in zip(start, initial):
+        np.testing.assert_array_equal(a, b)
+    deltas = _Deltas(initial, tasks[0])
+    _AssertSameUpdate(deltas, one_pipeline)
+    _AssertSameUpdate(deltas, plain)
+    # Every copy applied the same reduced gradients, each on its own group's devices.
+    groups = cluster.ReplicaDeviceGroups(num_stages, num_replicas)
+    for r, task in enumerate(tasks):
+        for v, w in zip(task.trainable_variables, tasks[0].trainable_variables):
+            np.testing.assert_array_equal(v.numpy(), w.numpy())
+        devices = {cluster.CanonicalDevice(v.device) for v in task.trainable_variables}
+        assert devices == set(groups[r])
+
+
+def test_the_replicas_read_disjoint_shards_of_the_global_batch():
+    layout = strategies.BuildLayout("mirrored", num_stages=2)
+    assert layout.num_replicas == 4 and layout.groups[3] == ["/device:CPU:6", "/device:CPU:7"]
+    inp = model_registry.GetParams(KEY, "Train").input.Set(batch_size=8).Instantiate()
+    dataset = layout.strategy.distribute_datasets_from_function(inp.GetDataset)
+    batch = next(iter(dataset))
+    labels = [t.numpy() for t in layout.strategy.experimental_local_results(batch.labels)]
+    assert [x.shape for x in labels] == [(2, 64)] * 4
+    whole = next(iter(inp.GetDataset())).labels.numpy()
+    np.testing.assert_array_equal(np.concatenate(labels), whole)
+
+
+def test_layout_describes_groups_and_checks_the_batch():
+    layout = strategies.BuildLayout("mirrored", num_stages=3)
+    text = layout.Describe()
+    assert "strategy=mirrored: 2 replica(s) of 3 stage(s)" in text
+    assert "replica 1: stage 0 on /device:CPU:3, stage 1 on /device:CPU:4" in text
+    assert "idle: /device:CPU:6, /device:CPU:7" in text
+    assert layout.BatchPlan(32, 3) == (
+        "global batch 32 = 2 replica(s) x 16; each replica pipelines 1 micro-batch(es) "
+        "of 6 and 2 of 5"
+    )
+    with pytest.raises(ValueError, match=r"global batch of 33 examples cannot be split evenly"):
+        layout.BatchPlan(33, 2)
+    with pytest.raises(ValueError, match=r"3 replica\(s\) of 3 stage\(s\) need 9 devices"):
+        cluster.ReplicaDeviceGroups(3, num_replicas=3)
+    with pytest.raises(ValueError, match=r"need 9 devices, but there are 8"):
+        strategies.BuildLayout("mirrored", num_stages=9)
