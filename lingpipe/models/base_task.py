@@ -259,11 +259,25 @@ class BaseTask(base_layer.BaseLayer):
         `grad_norm` is the global norm before clipping.
         """
         tp = self.params.train
-        grad_norm = tf.linalg.global_norm(grads)
-        if tp.clip_gradient_norm_to_value > 0:
-            grads, _ = tf.clip_by_global_norm(
-                grads, tp.clip_gradient_norm_to_value, use_norm=grad_norm
-            )
+        # Each gradient's share of the norm, and its clipping, on the gradient's own
+        # device: a pipeline's gradients never travel to one device for this.
+        squares = []
+        for g in grads:
+            if g is not None:
+                with tf.device(g.device):
+                    squares.append(tf.reduce_sum(tf.square(tf.cast(g, tf.float32))))
+        grad_norm = tf.sqrt(tf.add_n(squares)) if squares else tf.zeros([], tf.float32)
+        clip = tp.clip_gradient_norm_to_value
+        if clip > 0:
+            scale = clip * tf.minimum(1.0 / grad_norm, 1.0 / clip)
+            clipped = []
+            for g in grads:
+                if g is None:
+                    clipped.append(None)
+                    continue
+                with tf.device(g.device):
+                    clipped.append(g * tf.cast(scale, g.dtype))
+            grads = clipped
         learning_rate = tp.learning_rate * self._lr_schedule.Value(step)
         self.optimizer.Apply(grads, self.trainable_variables, learning_rate)
         one = tf.ones([], tf.float32)

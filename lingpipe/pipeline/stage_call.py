@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from lingpipe import seeds
 from lingpipe.layers import normalization
+from lingpipe.pipeline import placement
 
 
 def _IsFloat(t: Any) -> bool:
@@ -135,7 +136,8 @@ def StageCall(
             leaves[i] = t
         outputs = fn(*tf.nest.pack_sequence_as(inputs, leaves))
         out_structure[:] = [outputs]
-        return tf.nest.flatten(outputs)
+        # Inside the tape: a TPU's logical-core annotation is part of what is differentiated.
+        return placement.Annotate(device, tf.nest.flatten(outputs))
 
     @tf.custom_gradient
     def Call(*tensors):
@@ -169,6 +171,7 @@ def StageCall(
                     grads = _Differentiate(tape, outputs, dys, list(tensors) + variables)
                 if accumulator is not None:
                     grads[:num_shared] = accumulator.Add(grads[:num_shared])
+                grads = placement.Annotate(device, grads)
             input_grads = [g if _IsFloat(t) else None for t, g in zip(tensors, grads)]
             return input_grads, grads[len(tensors) :]
 
@@ -192,4 +195,4 @@ def PlainCall(
 ) -> Any:
     """StageCall without a custom gradient: for eval and inference, where nothing is kept."""
     with tf.device(device), tf.name_scope(name), tf.control_dependencies(list(after)):
-        return fn(*inputs)
+        return placement.Annotate(device, fn(*inputs))

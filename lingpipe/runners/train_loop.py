@@ -18,6 +18,7 @@ first, and checkpoint ckpt-N holds the weights after N steps.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -25,6 +26,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -118,41 +120,67 @@ def ReplicaTask(tasks: list, strategy: tf.distribute.Strategy):
     return tasks[int(replica_id) % len(tasks)]
 
 
-def MakeTrainStep(tasks: list[base_task.BaseTask], strategy: tf.distribute.Strategy) -> Callable:
+def _AllFinite(grads: list[tf.Tensor | None]) -> tf.Tensor:
+    """[num_grads] bools: whether each gradient is all finite (checked on its device)."""
+    flags = []
+    for g in grads:
+        if g is None:
+            flags.append(tf.constant(True))
+            continue
+        with tf.device(g.device):
+            flags.append(tf.reduce_all(tf.math.is_finite(g)))
+    return tf.stack(flags)
+
+
+def MakeTrainStep(
+    tasks: list[base_task.BaseTask],
+    strategy: tf.distribute.Strategy,
+    apply_in_replica: bool = False,
+    replica_context: Callable[[], Any] | None = None,
+) -> Callable:
     """Returns step(iterator, step) -> (metrics, finite): one synchronous training step.
 
     `tasks[r]` is local replica r's copy of the task (one task for one replica).
     Gradients are computed and reduced inside `strategy.run`; each copy then
     applies the same reduced gradients to its own weights, so the copies stay equal.
+    With `apply_in_replica` (one task whose variables the strategy distributes, as
+    on TPU) the task applies them inside the replica instead.
+    `replica_context()`, if given, is entered around each replica's forward and
+    backward (the TPU's logical-core placement).
     `metrics` is a NestedMap of (value, weight) pairs, the same on every replica;
     `finite[i]` says whether the reduced gradient of `tasks[0].trainable_variables[i]`
     is all finite.
     """
+    if apply_in_replica and len(tasks) != 1:
+        raise ValueError(
+            f"MakeTrainStep: apply_in_replica needs one task, received {len(tasks)} copies"
+        )
 
     def ReplicaStep(batch: NestedMap, step: tf.Tensor):
-        metrics, grads = ReplicaTask(tasks, strategy).ComputeGradients(batch, step)
-        return ReduceMetrics(metrics), ReduceGradients(grads)
+        task = ReplicaTask(tasks, strategy)
+        with replica_context() if replica_context else contextlib.nullcontext():
+            metrics, grads = task.ComputeGradients(batch, step)
+        metrics, grads = ReduceMetrics(metrics), ReduceGradients(grads)
+        finite = _AllFinite(grads)
+        if apply_in_replica:
+            metrics.update(task.ApplyGradients(grads, step))
+            return metrics, finite, []
+        return metrics, finite, grads
 
     # AutoGraph is off: it would only double the trace time of the pipeline's
     # Python loops, which must unroll anyway.
     @tf.function(autograph=False)
     def Step(iterator, step):
         batch = next(iterator)
-        metrics, grads = strategy.run(ReplicaStep, args=(batch, step))
-        metrics = tf.nest.map_structure(
-            lambda v: strategy.experimental_local_results(v)[0], metrics
-        )
-        local_grads = [strategy.experimental_local_results(g) for g in grads]
-        for r, task in enumerate(tasks):
-            applied = task.ApplyGradients([g[r] for g in local_grads], step)
-            if r == 0:
-                metrics.update(applied)
-        finite = tf.stack(
-            [
-                tf.constant(True) if g[0] is None else tf.reduce_all(tf.math.is_finite(g[0]))
-                for g in local_grads
-            ]
-        )
+        metrics, finite, grads = strategy.run(ReplicaStep, args=(batch, step))
+        first = lambda v: strategy.experimental_local_results(v)[0]  # noqa: E731
+        metrics, finite = tf.nest.map_structure(first, (metrics, finite))
+        if not apply_in_replica:
+            local_grads = [strategy.experimental_local_results(g) for g in grads]
+            for r, task in enumerate(tasks):
+                applied = task.ApplyGradients([g[r] for g in local_grads], step)
+                if r == 0:
+                    metrics.update(applied)
         return metrics, finite
 
     return Step

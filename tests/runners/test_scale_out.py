@@ -127,3 +127,27 @@ def test_layout_describes_groups_and_checks_the_batch():
         cluster.ReplicaDeviceGroups(3, num_replicas=3)
     with pytest.raises(ValueError, match=r"need 9 devices, but there are 8"):
         strategies.BuildLayout("mirrored", num_stages=9)
+
+
+def test_gradient_norm_clipping_and_finite_checks_stay_on_each_gradients_device():
+    p = _Params(num_stages=2, num_micro_batches=2)
+    p.train.clip_gradient_norm_to_value = 0.5
+    task = p.Instantiate()
+    task.CreateOptimizer()
+    strategy = tf.distribute.get_strategy()
+    step = train_loop.MakeTrainStep([task], strategy)
+    dataset = strategy.distribute_datasets_from_function(task.CreateInputGenerator().GetDataset)
+    graph = step.get_concrete_function(iter(dataset), tf.constant(0, tf.int64)).graph
+    checked = 0
+    for op in graph.get_operations():
+        if op.type not in ("Square", "IsFinite") or "ApplyGradients" in op.name:
+            continue
+        source = op.inputs[0]
+        if not source.device:  # e.g. the loss's own square, outside any stage
+            continue
+        assert op.device and tf.DeviceSpec.from_string(op.device) == tf.DeviceSpec.from_string(
+            source.device
+        ), (op.name, op.device, source.device)
+        checked += 1
+    # A square (norm) and an is-finite check for each of the 37 gradients.
+    assert checked >= 2 * 37

@@ -1,0 +1,56 @@
+"""Placing a stage on a TPU logical core: annotations where `tf.device` does not reach.
+
+On CPU and GPU a stage's ops run where `tf.device(stage_device)` puts them. Inside a
+TPU replica the computation is compiled by XLA, which ignores device scopes; a
+replica of K cores places work by annotating tensors with a logical core
+(`TPUStrategy.experimental_assign_to_logical_device`). Within
+
+    with placement.LogicalCores(assign, stage_devices):
+      ...build or trace the pipeline...
+
+every stage's forward outputs and the gradients its backward returns are annotated
+with `assign(tensor, k)`, k being the stage's index in `stage_devices`; XLA places
+the ops that produce them on logical core k. Outside the context `Annotate` returns
+its tensors as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+_ACTIVE = threading.local()
+
+
+@contextlib.contextmanager
+def LogicalCores(
+    assign: Callable[[tf.Tensor, int], tf.Tensor], stage_devices: Sequence[str]
+) -> Iterator[None]:
+    """Within, stage k (the one on stage_devices[k]) is annotated for logical core k."""
+    previous = getattr(_ACTIVE, "value", None)
+    _ACTIVE.value = (assign, list(stage_devices))
+    try:
+        yield
+    finally:
+        _ACTIVE.value = previous
+
+
+def Annotate(device: str, values: Any) -> Any:
+    """`values` (a structure) with each tensor annotated for `device`'s logical core, if any."""
+    active = getattr(_ACTIVE, "value", None)
+    if active is None:
+        return values
+    assign, devices = active
+    if device not in devices:
+        raise ValueError(
+            f"placement.Annotate: stage device {device!r} is not one of the logical cores' "
+            f"stage devices {devices}"
+        )
+    core = devices.index(device)
+    return tf.nest.map_structure(
+        lambda t: assign(t, core) if isinstance(t, tf.Tensor) else t, values
+    )
