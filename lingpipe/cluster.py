@@ -136,11 +136,11 @@ def ReplicaDeviceGroups(
         raise ValueError(f"ReplicaDeviceGroups: expected num_stages >= 1, received {num_stages!r}")
     fit = len(devices) // num_stages
     if num_replicas is None:
-        num_replicas = fit
-    if fit < 1 or num_replicas > fit or num_replicas < 1:
+        num_replicas = max(fit, 1)
+    if num_replicas > fit or num_replicas < 1:
         raise ValueError(
             f"ReplicaDeviceGroups: {num_replicas} replica(s) of {num_stages} stage(s) need "
-            f"{max(num_replicas, 1) * num_stages} devices, but there are {len(devices)}: "
+            f"{num_replicas * num_stages} devices, but there are {len(devices)}: "
             f"{devices}; lower num_stages or the replicas, or split the CPU into more "
             "logical devices (--logical_devices)"
         )

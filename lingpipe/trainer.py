@@ -17,6 +17,7 @@ Exit status: 0 done, 1 training failed (non-finite loss, unreadable checkpoints)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -184,16 +185,18 @@ def _Run() -> int:
     layout = strategies.BuildLayout(
         FLAGS.strategy, num_stages, tpu=FLAGS.tpu, collective_timeout_s=FLAGS.collective_timeout_s
     )
-    if layout.name == "tpu":
-        raise startup.UsageError(
-            "--strategy=tpu: reached a TPU, but pipelining across TPU cores is not wired "
-            "into the trainer yet"
-        )
     logging.info("%s", layout.Describe())
+    on_tpu = layout.name == "tpu"
     tasks = []
-    for group in layout.groups:
-        with cluster.ReplicaDevices(group):
+    if on_tpu:
+        # One task, its variables distributed by TPUStrategy; its stages are placed on
+        # the replica's logical cores by annotation (pipeline/placement.py).
+        with layout.strategy.scope(), cluster.ReplicaDevices(layout.groups[0]):
             tasks.append(_BuildTask(resolved.task))
+    else:
+        for group in layout.groups:
+            with cluster.ReplicaDevices(group):
+                tasks.append(_BuildTask(resolved.task))
     task = tasks[0]
     if FLAGS.mode == "inspect_model":
         print(inspect_model.Describe(task))
@@ -223,6 +226,7 @@ def _Run() -> int:
                 resolved.key,
                 is_chief=layout.is_chief,
                 num_workers=layout.num_workers,
+                replica_context=layout.StageContext() if on_tpu else None,
             )
         )
     ckpt_dir = os.path.join(logdir, "checkpoints")
@@ -241,8 +245,9 @@ def _Run() -> int:
             e.Evaluate(int(global_step.numpy()))
         return 0
 
-    for t in tasks:
-        t.CreateOptimizer()
+    with layout.strategy.scope() if on_tpu else contextlib.nullcontext():
+        for t in tasks:
+            t.CreateOptimizer()
 
     def Evaluate(step: int) -> None:
         for e in evalers:
@@ -258,6 +263,8 @@ def _Run() -> int:
         checkpoint_dir=ckpt_dir,
         max_to_keep=FLAGS.max_checkpoints_to_keep,
         is_chief=layout.is_chief,
+        apply_in_replica=on_tpu,
+        replica_context=layout.StageContext() if on_tpu else None,
     )
     metrics = trainer.Train()
     logging.info(

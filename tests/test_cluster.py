@@ -53,3 +53,38 @@ def test_canonical_device_names():
         cluster.CanonicalDevice("banana")
     with pytest.raises(ValueError, match="expected device_type in"):
         cluster.AvailableDevices("FPGA")
+
+
+def test_replica_device_groups_split_devices_in_consecutive_groups():
+    devices = [f"/device:CPU:{i}" for i in range(8)]
+    assert cluster.ReplicaDeviceGroups(4) == [devices[:4], devices[4:]]
+    assert cluster.ReplicaDeviceGroups(2, num_replicas=3) == [
+        devices[0:2],
+        devices[2:4],
+        devices[4:6],
+    ]
+    assert cluster.ReplicaDeviceGroups(3) == [devices[:3], devices[3:6]]  # 2 left idle
+    text = cluster.DescribeGroups(cluster.ReplicaDeviceGroups(3), devices)
+    assert text.splitlines()[-1] == "idle: /device:CPU:6, /device:CPU:7"
+    with pytest.raises(ValueError, match=r"5 replica\(s\) of 2 stage\(s\) need 10 devices"):
+        cluster.ReplicaDeviceGroups(2, num_replicas=5)
+    with pytest.raises(ValueError, match=r"1 replica\(s\) of 9 stage\(s\) need 9 devices"):
+        cluster.ReplicaDeviceGroups(9)
+    with pytest.raises(ValueError, match=r"expected num_stages >= 1, received 0"):
+        cluster.ReplicaDeviceGroups(0)
+
+
+def test_replica_devices_scope_the_stage_devices_of_pipelines_built_within():
+    from lingpipe.layers import gpipe, linear
+
+    cell = linear.LinearLayer.Params().Set(input_dims=2, output_dims=2)
+    p = gpipe.PipeliningLayer.Params().Set(name="pipe", cell_tpl=[cell] * 2, num_stages=2)
+    with cluster.ReplicaDevices(["CPU:6", "/cpu:7"]) as group:
+        assert group == ["/device:CPU:6", "/device:CPU:7"]
+        assert cluster.StageDevices(2) == group
+        pipe = p.Instantiate()
+        with pytest.raises(ValueError, match=r"this replica's device group has 2"):
+            cluster.StageDevices(3)
+    assert pipe.devices == ["/device:CPU:6", "/device:CPU:7"]
+    assert pipe.cell_1.vars.w.device.endswith("CPU:7")
+    assert cluster.StageDevices(2) == ["/device:CPU:0", "/device:CPU:1"]  # restored

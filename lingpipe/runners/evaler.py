@@ -12,6 +12,7 @@ summaries in logdir/eval_<dataset> and, as JSON, to logdir/eval_<dataset>.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -48,6 +49,7 @@ class Evaler:
         model_key: str,
         is_chief: bool = True,
         num_workers: int = 1,
+        replica_context=None,
     ) -> None:
         task = tasks[0]
         self._is_chief = is_chief
@@ -75,10 +77,13 @@ class Evaler:
 
         def Step(iterator):
             batch = next(iterator)
-            out = strategy.run(
-                lambda b: _MetricSums(train_loop.ReplicaTask(tasks, strategy).EvalStep(b)),
-                args=(batch,),
-            )
+
+            def Replica(b):
+                task = train_loop.ReplicaTask(tasks, strategy)
+                with replica_context() if replica_context else contextlib.nullcontext():
+                    return _MetricSums(task.EvalStep(b))
+
+            out = strategy.run(Replica, args=(batch,))
             return {
                 k: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in out.items()
             }

@@ -47,6 +47,18 @@ class Layout:
         """Whether this process writes checkpoints, summaries and results (worker 0)."""
         return self.worker_index == 0
 
+    def StageContext(self):
+        """On TPU: a factory of the context that puts stage k on logical core k."""
+        from lingpipe import tpu as tpu_lib
+        from lingpipe.pipeline import placement
+
+        strategy, devices = self.strategy, self.groups[0]
+
+        def Assign(tensor: tf.Tensor, core: int) -> tf.Tensor:
+            return tpu_lib.AssignToStage(strategy, tensor, core)
+
+        return lambda: placement.LogicalCores(Assign, devices)
+
     @property
     def num_replicas(self) -> int:
         return self.strategy.num_replicas_in_sync

@@ -214,6 +214,8 @@ class Trainer:
       max_to_keep: how many of the newest checkpoints to keep.
       is_chief: whether this process writes checkpoints and summaries; the other
         workers of a multi-worker run only read the chief's checkpoints.
+      apply_in_replica, replica_context: see MakeTrainStep (TPU: one task whose
+        variables the strategy distributes, stages annotated with logical cores).
     """
 
     def __init__(
@@ -227,6 +229,8 @@ class Trainer:
         checkpoint_dir: str | None = None,
         max_to_keep: int = 5,
         is_chief: bool = True,
+        apply_in_replica: bool = False,
+        replica_context: Callable[[], Any] | None = None,
     ) -> None:
         self._tasks = list(tasks)
         self._task = self._tasks[0]
@@ -236,7 +240,7 @@ class Trainer:
         self._intervals = intervals
         self._evaluate = evaluate
         self._is_chief = is_chief
-        if len(self._tasks) != LocalReplicas(strategy):
+        if not apply_in_replica and len(self._tasks) != LocalReplicas(strategy):
             raise ValueError(
                 f"Trainer: expected one task copy per local replica of the strategy "
                 f"({LocalReplicas(strategy)}), received {len(self._tasks)}"
@@ -248,7 +252,7 @@ class Trainer:
             max_to_keep=max_to_keep,
             global_step=self._global_step,
         )
-        self._step_fn = MakeTrainStep(self._tasks, strategy)
+        self._step_fn = MakeTrainStep(self._tasks, strategy, apply_in_replica, replica_context)
 
     @property
     def checkpointer(self) -> checkpointer.Checkpointer:
@@ -269,7 +273,7 @@ class Trainer:
     def _Iterator(self, start_step: int):
         # Each input pipeline (one per worker) feeds its local replicas one batch each
         # per step.
-        local_replicas = len(self._tasks)
+        local_replicas = LocalReplicas(self._strategy)
 
         def DatasetFn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
             return self._input.GetDataset(ctx, start_batch=start_step * local_replicas)

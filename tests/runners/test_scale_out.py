@@ -151,3 +151,28 @@ def test_gradient_norm_clipping_and_finite_checks_stay_on_each_gradients_device(
         checked += 1
     # A square (norm) and an is-finite check for each of the 37 gradients.
     assert checked >= 2 * 37
+
+
+def test_one_task_with_distributed_variables_applies_inside_the_replicas(tmp_path, reference):
+    # The TPU arrangement (one task built under the strategy's scope, its variables
+    # distributed, gradients applied in each replica), here with MirroredStrategy.
+    initial, _, plain = reference
+    strategy = tf.distribute.MirroredStrategy(
+        ["/device:CPU:0", "/device:CPU:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
+    with strategy.scope():
+        task = _Params(num_stages=1, num_micro_batches=1).Instantiate()
+        task.CreateOptimizer()
+    trainer = train_loop.Trainer(
+        [task],
+        strategy,
+        task.CreateInputGenerator(),
+        str(tmp_path),
+        train_loop.Intervals(log_steps=0, summary_steps=0, checkpoint_steps=0),
+        apply_in_replica=True,
+    )
+    trainer.Train()
+    deltas = _Deltas(initial, task)
+    _AssertSameUpdate(deltas, plain)
+    for v in task.trainable_variables:
+        np.testing.assert_array_equal(v.values[0].numpy(), v.values[1].numpy())

@@ -238,7 +238,26 @@ def test_inspect_params_prints_the_overridden_params():
         ),
         (["--logical_devices=65"], r"--logical_devices=65: .*expected an integer in \[1, 64\]"),
         (["--num_micro_batches=0"], r"--num_micro_batches: expected a positive integer"),
-        (["--strategy=tpu", "--tpu=no-such-tpu"], r"--strategy=tpu"),
+        (
+            ["--strategy=tpu", "--tpu=no-such-tpu"],
+            r"--strategy=tpu --tpu=no-such-tpu: .*no TPU could be reached for "
+            r"tpu_name='no-such-tpu'",
+        ),
+        (["--strategy=tpu"], r"no TPU could be reached for tpu_name=None"),
+        (
+            ["--strategy=multi_worker"],
+            r"reads the cluster from the TF_CONFIG environment variable, which is not set",
+        ),
+        (
+            ["--strategy=mirrored", "--num_stages=2", "--logical_devices=6"],
+            r"the global batch of 32 examples cannot be split evenly over 3 replicas; set "
+            r"input.batch_size to a multiple of 3",
+        ),
+        (
+            ["--strategy=mirrored", "--num_stages=4", "--logical_devices=3"],
+            r"--strategy=mirrored: .*1 replica\(s\) of 4 stage\(s\) need 4 devices, but there "
+            r"are 3",
+        ),
         (["positional"], r"unexpected arguments \['positional'\]"),
     ],
 )
