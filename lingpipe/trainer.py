@@ -179,6 +179,10 @@ def _Run() -> int:
     _SetUpDevices(num_stages)
     import tensorflow as tf
 
+    # TensorFlow's own INFO lines (one per all-reduce traced, per checkpoint shard)
+    # would drown the run's log.
+    tf.get_logger().setLevel("WARNING")
+
     from lingpipe import cluster
     from lingpipe.runners import strategies
 
@@ -302,6 +306,10 @@ def main(argv: list[str]) -> int:
 
 def Run() -> None:
     """Entry point of `python -m lingpipe.trainer` and the `lingpipe-trainer` command."""
+    # --help lists the main module's flags; for the installed command that module
+    # is the launcher script, so these flags are registered as its own.
+    for flag in FLAGS.get_flags_for_module(__name__):
+        FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     app.run(lambda argv: sys.exit(main(argv)))
 
 

@@ -282,3 +282,63 @@ def test_logdir_that_is_a_file(tmp_path):
     assert run.returncode == 2
     assert f"--logdir={path}: {path} is a file; expected a directory" in run.stderr
     assert path.read_text() == "keep me"
+
+
+def test_help_explains_every_flag():
+    run = Trainer("--help", timeout=60)  # absl exits with status 1 after --help.
+    for flag in (
+        "model",
+        "logdir",
+        "mode",
+        "params_override",
+        "params_file",
+        "max_steps",
+        "num_stages",
+        "num_micro_batches",
+        "strategy",
+        "tpu",
+        "logical_devices",
+        "seed",
+        "log_interval_steps",
+        "summary_interval_steps",
+        "checkpoint_interval_steps",
+        "eval_interval_steps",
+    ):
+        assert re.search(rf"--{flag}: [<\w]", run.stdout), flag
+
+
+@pytest.mark.slow
+def test_mirrored_replicas_of_pipelines_train_as_the_default_run_and_restore_anywhere(
+    trained, tmp_path
+):
+    default_logdir, _ = trained
+    logdir = str(tmp_path / "mirrored")
+    run = Trainer(
+        LM,
+        f"--logdir={logdir}",
+        "--strategy=mirrored",
+        "--logical_devices=8",
+        "--num_stages=4",
+        "--max_steps=40",
+        "--summary_interval_steps=5",
+        "--checkpoint_interval_steps=20",
+        "--mode=train",
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "strategy=mirrored: 2 replica(s) of 4 stage(s)" in run.stderr
+    assert "replica 1: stage 0 on /device:CPU:4, stage 1 on /device:CPU:5" in run.stderr
+    assert "global batch 32 = 2 replica(s) x 16; each replica pipelines 2 micro-batches of 8" in (
+        run.stderr
+    )
+    # 2 replicas x 4 stages train as 1 replica x 2 stages on the same global batches.
+    got = Events(os.path.join(logdir, "train"))["loss"]
+    want = Events(os.path.join(default_logdir, "train"))["loss"]
+    assert sorted(got) == sorted(want)
+    for step in want:
+        np.testing.assert_allclose(got[step], want[step], rtol=1e-4, err_msg=str(step))
+    # Its checkpoint restores into another layout: one replica of 2 stages.
+    evaluated = Trainer(LM, f"--logdir={logdir}", "--mode=eval", "--max_steps=40")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    mirrored = json.load(open(os.path.join(logdir, "eval_dev.json")))
+    default = json.load(open(os.path.join(default_logdir, "eval_dev.json")))
+    np.testing.assert_allclose(mirrored["metrics"]["loss"], default["metrics"]["loss"], rtol=1e-4)
