@@ -311,15 +311,20 @@ def test_apply_under_mirrored_strategy_takes_reduced_gradients(cls):
         test_utils.AssertAllClose(component.numpy(), plain_v.numpy())
 
 
-def test_checkpoint_keys_weights_by_the_model_path_not_the_optimizer(tmp_path):
-    # As in a layer tree: the weight lies deeper than the optimizer's own lists.
+def _DeepModelAndAdam(value):
+    """As in a layer tree: the weight lies deeper than the optimizer's own lists."""
     model = tf.Module()
     model.layer = tf.Module()
     model.layer.fc = tf.Module()
     model.layer.fc.inner = tf.Module()
-    w = model.layer.fc.inner.w = tf.Variable([1.0, 2.0], name="w")
+    w = model.layer.fc.inner.w = tf.Variable(value, name="w")
     opt = optimizers.Adam.Params().Instantiate()
     opt.Build([w])
+    return model, w, opt
+
+
+def test_checkpoint_keys_weights_by_the_model_path_not_the_optimizer(tmp_path):
+    model, w, opt = _DeepModelAndAdam([1.0, 2.0])
     path = tf.train.Checkpoint(model=model, optimizer=opt).write(str(tmp_path / "ckpt"))
     keys = tf.train.list_variables(path)
     names = [name for name, _ in keys]
@@ -328,13 +333,7 @@ def test_checkpoint_keys_weights_by_the_model_path_not_the_optimizer(tmp_path):
     # The slots are still saved and restore in a fresh optimizer.
     opt.Apply([tf.constant([0.5, 0.5])], [w], 0.1)
     path = tf.train.Checkpoint(model=model, optimizer=opt).write(str(tmp_path / "ckpt2"))
-    fresh_model = tf.Module()
-    fresh_model.layer = tf.Module()
-    fresh_model.layer.fc = tf.Module()
-    fresh_model.layer.fc.inner = tf.Module()
-    fresh_w = fresh_model.layer.fc.inner.w = tf.Variable([0.0, 0.0], name="w")
-    fresh = optimizers.Adam.Params().Instantiate()
-    fresh.Build([fresh_w])
+    fresh_model, fresh_w, fresh = _DeepModelAndAdam([0.0, 0.0])
     tf.train.Checkpoint(model=fresh_model, optimizer=fresh).read(path).assert_consumed()
     for a, b in zip(opt.SlotVariables(), fresh.SlotVariables()):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
