@@ -101,7 +101,11 @@ class Evaler:
     def Evaluate(self, step: int) -> dict[str, float]:
         """Metrics of the task's current weights on the dataset, recorded as of `step`."""
         start = time.monotonic()
-        dataset = self._strategy.distribute_datasets_from_function(self._input.GetDataset)
+        # Repeated: a finite dataset makes multi-worker strategies hide the batch size
+        # (to allow uneven ends); the evaluation takes its num_batches regardless.
+        dataset = self._strategy.distribute_datasets_from_function(
+            lambda ctx: self._input.GetDataset(ctx).repeat()
+        )
         iterator = iter(dataset)
         totals: dict[str, list[float]] = {}
         for _ in range(self._num_batches):

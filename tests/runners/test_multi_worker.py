@@ -111,7 +111,8 @@ def _ReferenceWeights(steps):
 
 def test_two_workers_train_as_one_process_with_the_global_batch(tmp_path):
     logdir = str(tmp_path)
-    with Workers(logdir, "--max_steps=6", "--checkpoint_interval_steps=3") as procs:
+    flags = ["--max_steps=6", "--checkpoint_interval_steps=3", "--mode=train_and_eval"]
+    with Workers(logdir, *flags) as procs:
         codes = _Wait(procs)
     logs = [_Log(logdir, i) for i in range(2)]
     assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
@@ -124,6 +125,10 @@ def test_two_workers_train_as_one_process_with_the_global_batch(tmp_path):
         "ckpt-3.index",
         "ckpt-6.index",
     ]  # Written once, by the chief.
+    # Evaluated by both over their shards (a collective), reported by the chief alone.
+    result = json.load(open(os.path.join(logdir, "eval_dev.json")))
+    assert result["step"] == 6 and result["examples"] == 512
+    assert "Eval Dev at step 6" in logs[0] and "Eval Dev" not in logs[1]
     got = Weights(os.path.join(ckpt_dir, "ckpt-6"))
     want = _ReferenceWeights(6)
     assert got.keys() == want.keys()
