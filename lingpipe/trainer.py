@@ -17,7 +17,6 @@ Exit status: 0 done, 1 training failed (non-finite loss, unreadable checkpoints)
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 
@@ -183,24 +182,13 @@ def _Run() -> int:
     # would drown the run's log.
     tf.get_logger().setLevel("WARNING")
 
-    from lingpipe import cluster
     from lingpipe.runners import strategies
 
     layout = strategies.BuildLayout(
         FLAGS.strategy, num_stages, tpu=FLAGS.tpu, collective_timeout_s=FLAGS.collective_timeout_s
     )
     logging.info("%s", layout.Describe())
-    on_tpu = layout.name == "tpu"
-    tasks = []
-    if on_tpu:
-        # One task, its variables distributed by TPUStrategy; its stages are placed on
-        # the replica's logical cores by annotation (pipeline/placement.py).
-        with layout.strategy.scope(), cluster.ReplicaDevices(layout.groups[0]):
-            tasks.append(_BuildTask(resolved.task))
-    else:
-        for group in layout.groups:
-            with cluster.ReplicaDevices(group):
-                tasks.append(_BuildTask(resolved.task))
+    tasks = layout.BuildTasks(lambda: _BuildTask(resolved.task))
     task = tasks[0]
     if FLAGS.mode == "inspect_model":
         print(inspect_model.Describe(task))
@@ -230,28 +218,22 @@ def _Run() -> int:
                 resolved.key,
                 is_chief=layout.is_chief,
                 num_workers=layout.num_workers,
-                replica_context=layout.StageContext() if on_tpu else None,
+                replica_context=layout.StageContext(),
             )
         )
     ckpt_dir = os.path.join(logdir, "checkpoints")
 
     if FLAGS.mode == "eval":
-        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        ckpt = checkpointer.Checkpointer(ckpt_dir, task=task, global_step=global_step)
-        restored = ckpt.Restore()
-        if restored is None:
+        step = checkpointer.RestoreLatest(ckpt_dir, tasks)
+        if step is None:
             raise startup.UsageError(
                 f"--mode=eval: no checkpoint in {ckpt_dir}; train first (--mode=train)"
             )
-        for other in tasks[1:]:
-            tf.train.Checkpoint(task=other).read(restored).expect_partial()
         for e in evalers:
-            e.Evaluate(int(global_step.numpy()))
+            e.Evaluate(step)
         return 0
 
-    with layout.strategy.scope() if on_tpu else contextlib.nullcontext():
-        for t in tasks:
-            t.CreateOptimizer()
+    layout.CreateOptimizers(tasks)
 
     def Evaluate(step: int) -> None:
         for e in evalers:
@@ -267,8 +249,8 @@ def _Run() -> int:
         checkpoint_dir=ckpt_dir,
         max_to_keep=FLAGS.max_checkpoints_to_keep,
         is_chief=layout.is_chief,
-        apply_in_replica=on_tpu,
-        replica_context=layout.StageContext() if on_tpu else None,
+        apply_in_replica=layout.distributes_variables,
+        replica_context=layout.StageContext(),
     )
     metrics = trainer.Train()
     logging.info(

@@ -97,3 +97,17 @@ class Checkpointer:
     def Save(self, step: int) -> str:
         """Writes checkpoint ckpt-<step>; returns its path."""
         return self._manager.save(checkpoint_number=step)
+
+
+def RestoreLatest(directory: str, tasks: list) -> int | None:
+    """Restores the newest readable checkpoint's weights into every task; returns its step.
+
+    For evaluation: the optimizer's slots are left out. None if there is no checkpoint.
+    """
+    global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    path = Checkpointer(directory, task=tasks[0], global_step=global_step).Restore()
+    if path is None:
+        return None
+    for task in tasks[1:]:
+        tf.train.Checkpoint(task=task).read(path).expect_partial()
+    return int(global_step.numpy())

@@ -22,9 +22,12 @@ a mirrored variable's copies do.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -47,8 +50,33 @@ class Layout:
         """Whether this process writes checkpoints, summaries and results (worker 0)."""
         return self.worker_index == 0
 
-    def StageContext(self):
-        """On TPU: a factory of the context that puts stage k on logical core k."""
+    @property
+    def distributes_variables(self) -> bool:
+        """Whether one task's variables are distributed by the strategy (TPU), rather
+        than each local replica having its own copy of the task."""
+        return self.name == "tpu"
+
+    def BuildTasks(self, build: Callable[[], Any]) -> list:
+        """The local replicas' tasks: `build()` once per device group, or once under the
+        strategy's scope when it distributes the variables."""
+        if self.distributes_variables:
+            with self.strategy.scope(), cluster.ReplicaDevices(self.groups[0]):
+                return [build()]
+        tasks = []
+        for group in self.groups:
+            with cluster.ReplicaDevices(group):
+                tasks.append(build())
+        return tasks
+
+    def CreateOptimizers(self, tasks: list) -> None:
+        with self.strategy.scope() if self.distributes_variables else contextlib.nullcontext():
+            for task in tasks:
+                task.CreateOptimizer()
+
+    def StageContext(self) -> Callable[[], Any] | None:
+        """On TPU, a factory of the context that puts stage k on logical core k; else None."""
+        if self.name != "tpu":
+            return None
         from lingpipe import tpu as tpu_lib
         from lingpipe.pipeline import placement
 
