@@ -53,6 +53,10 @@ def test_resolution_order_file_then_override_then_shortcuts(tmp_path):
         (startup.Overrides(params_file="/no/such/file"), r"--params_file=/no/such/file: cannot"),
         (startup.Overrides(max_steps=0), r"--max_steps: expected a positive integer, received 0"),
         (startup.Overrides(seed=-1), r"--seed: expected an integer >= 0, received -1"),
+        (
+            startup.Overrides(num_micro_batches=0),
+            r"--num_micro_batches: expected a positive integer, received 0",
+        ),
     ],
 )
 def test_resolution_errors(overrides, message):

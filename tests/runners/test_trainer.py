@@ -147,7 +147,7 @@ def _LoggedSteps(stderr):
 
 @pytest.mark.slow
 def test_resume_after_sigkill_ends_with_the_weights_of_an_uninterrupted_run(tmp_path):
-    flags = [LM, "--max_steps=120", "--checkpoint_interval_steps=10", "--log_interval_steps=1"]
+    flags = [LM, "--max_steps=60", "--checkpoint_interval_steps=10", "--log_interval_steps=1"]
     whole = Trainer(*flags, f"--logdir={tmp_path / 'whole'}", "--mode=train")
     assert whole.returncode == 0, whole.stderr[-3000:]
 
@@ -172,16 +172,16 @@ def test_resume_after_sigkill_ends_with_the_weights_of_an_uninterrupted_run(tmp_
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
     latest = tf.train.latest_checkpoint(str(ckpt_dir))
-    assert latest is not None and not latest.endswith("ckpt-120"), latest
+    assert latest is not None and not latest.endswith("ckpt-60"), latest
     resumed_at = int(latest.rsplit("-", 1)[1])
 
     rerun = Trainer(*flags, f"--logdir={logdir}", "--mode=train")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"Resumed from {latest} at step {resumed_at}" in rerun.stderr
     # No step already checkpointed is trained again.
-    assert _LoggedSteps(rerun.stderr) == list(range(resumed_at + 1, 121))
-    a = Weights(str(tmp_path / "whole" / "checkpoints" / "ckpt-120"))
-    b = Weights(str(ckpt_dir / "ckpt-120"))
+    assert _LoggedSteps(rerun.stderr) == list(range(resumed_at + 1, 61))
+    a = Weights(str(tmp_path / "whole" / "checkpoints" / "ckpt-60"))
+    b = Weights(str(ckpt_dir / "ckpt-60"))
     assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=name)
@@ -228,22 +228,15 @@ def test_inspect_params_prints_the_overridden_params():
     [
         (["--model=lm.TransformerLmTinyy"], r"Unknown model 'lm.TransformerLmTinyy'. Did you mean"),
         (
-            ["--params_override=train.lerning_rate : 0.1"],
-            r"--params_override: cannot apply 'train.lerning_rate : 0.1': .*Did you mean: "
-            r"\['learning_rate'\]",
-        ),
-        (
             ["--params_override=model_dims : __import__('os').system('touch /tmp/pwned')"],
             r"value for 'model_dims' is not a literal",
         ),
         (["--logical_devices=65"], r"--logical_devices=65: .*expected an integer in \[1, 64\]"),
-        (["--num_micro_batches=0"], r"--num_micro_batches: expected a positive integer"),
         (
             ["--strategy=tpu", "--tpu=no-such-tpu"],
             r"--strategy=tpu --tpu=no-such-tpu: .*no TPU could be reached for "
             r"tpu_name='no-such-tpu'",
         ),
-        (["--strategy=tpu"], r"no TPU could be reached for tpu_name=None"),
         (
             ["--strategy=multi_worker"],
             r"reads the cluster from the TF_CONFIG environment variable, which is not set",
@@ -252,11 +245,6 @@ def test_inspect_params_prints_the_overridden_params():
             ["--strategy=mirrored", "--num_stages=2", "--logical_devices=6"],
             r"the global batch of 32 examples cannot be split evenly over 3 replicas; set "
             r"input.batch_size to a multiple of 3",
-        ),
-        (
-            ["--strategy=mirrored", "--num_stages=4", "--logical_devices=3"],
-            r"--strategy=mirrored: .*1 replica\(s\) of 4 stage\(s\) need 4 devices, but there "
-            r"are 3",
         ),
         (["positional"], r"unexpected arguments \['positional'\]"),
     ],
