@@ -250,11 +250,7 @@ class BaseLayer(tf.Module):
         return p
 
     def __init__(self, params: hyperparams.InstantiableParams) -> None:
-        if not isinstance(params, hyperparams.InstantiableParams):
-            raise TypeError(
-                f"{type(self).__name__}: expected InstantiableParams (from "
-                f"{type(self).__name__}.Params()), received {type(params).__name__}"
-            )
+        hyperparams.CheckInstantiable(params, self)
         if not params.name:
             raise ValueError(
                 f"{type(self).__name__}: params.name is not set; every layer needs a name "

@@ -522,6 +522,17 @@ def _Append(walked: str, step: str | int) -> str:
     return f"{walked}.{step}" if walked else step
 
 
+def CheckInstantiable(params: Any, owner: object) -> None:
+    """Raises a TypeError unless `params` are InstantiableParams; `owner` is the object
+    being built from them, named in the message with the Params() call to use."""
+    if not isinstance(params, InstantiableParams):
+        name = type(owner).__name__
+        raise TypeError(
+            f"{name}: expected InstantiableParams (from {name}.Params()), received "
+            f"{type(params).__name__}"
+        )
+
+
 class InstantiableParams(Params):
     """Params with a `cls` param: the class that `Instantiate` builds from them."""
 

@@ -118,11 +118,7 @@ class BaseOptimizer(tf.Module):
         return p
 
     def __init__(self, params: hyperparams.InstantiableParams) -> None:
-        if not isinstance(params, hyperparams.InstantiableParams):
-            raise TypeError(
-                f"{type(self).__name__}: expected InstantiableParams (from "
-                f"{type(self).__name__}.Params()), received {type(params).__name__}"
-            )
+        hyperparams.CheckInstantiable(params, self)
         name = params.name
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(

@@ -37,11 +37,7 @@ class BaseSchedule:
         return p
 
     def __init__(self, params: hyperparams.InstantiableParams) -> None:
-        if not isinstance(params, hyperparams.InstantiableParams):
-            raise TypeError(
-                f"{type(self).__name__}: expected InstantiableParams (from "
-                f"{type(self).__name__}.Params()), received {type(params).__name__}"
-            )
+        hyperparams.CheckInstantiable(params, self)
         self._params = params.Copy().Freeze()
         self._CheckParams(self._params, f"{type(self).__name__} {params.name!r}")
 

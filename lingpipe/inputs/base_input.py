@@ -61,11 +61,7 @@ class BaseInputGenerator(abc.ABC):
         return p
 
     def __init__(self, params: hyperparams.InstantiableParams) -> None:
-        if not isinstance(params, hyperparams.InstantiableParams):
-            raise TypeError(
-                f"{type(self).__name__}: expected InstantiableParams (from "
-                f"{type(self).__name__}.Params()), received {type(params).__name__}"
-            )
+        hyperparams.CheckInstantiable(params, self)
         self._params = params.Copy().Freeze()
         p = self._params
         where = f"{type(self).__name__} {p.name!r}"

@@ -108,6 +108,11 @@ def RestoreLatest(directory: str, tasks: list) -> int | None:
     path = Checkpointer(directory, task=tasks[0], global_step=global_step).Restore()
     if path is None:
         return None
-    for task in tasks[1:]:
-        tf.train.Checkpoint(task=task).read(path).expect_partial()
+    ReadTasks(path, tasks[1:])
     return int(global_step.numpy())
+
+
+def ReadTasks(path: str, tasks: list) -> None:
+    """Reads the task of checkpoint `path` into each of `tasks` (copies of one task)."""
+    for task in tasks:
+        tf.train.Checkpoint(task=task).read(path).expect_partial()

@@ -1,6 +1,6 @@
 """Evaluation of a task on one dataset: weighted metrics, summaries and a JSON file.
 
-    evaler = Evaler(task, strategy, dev_input, 'Dev', logdir, model_key)
+    evaler = Evaler([task], strategy, dev_input, 'Dev', logdir, model_key)
     metrics = evaler.Evaluate(step)     # {'loss': 2.31, 'log_pplx': ..., ...}
 
 Each metric is averaged over the batches with its weight (the number of tokens or
@@ -24,14 +24,6 @@ from lingpipe.models import base_task
 from lingpipe.runners import startup, train_loop
 
 
-def _MetricSums(metrics):
-    """(value * weight, weight) per metric, summed over the replicas."""
-    return {
-        name: tf.stack([tf.cast(v * w, tf.float32), tf.cast(w, tf.float32)])
-        for name, (v, w) in metrics.items()
-    }
-
-
 class Evaler:
     """Evaluates the task on `input_generator`'s dataset (see the module docstring).
 
@@ -51,9 +43,7 @@ class Evaler:
         num_workers: int = 1,
         replica_context=None,
     ) -> None:
-        task = tasks[0]
         self._is_chief = is_chief
-        self._task = task
         self._strategy = strategy
         self._input = input_generator
         self._dataset = dataset
@@ -62,7 +52,7 @@ class Evaler:
         self._model_key = model_key
         self._writer = None
         batch = input_generator.params.batch_size
-        wanted = task.params.eval.samples_per_summary
+        wanted = tasks[0].params.eval.samples_per_summary
         # Each worker reads its shard, batch / num_workers examples per step.
         available = (input_generator.NumExamples() // num_workers) // (batch // num_workers)
         if not input_generator.repeat:
@@ -81,7 +71,7 @@ class Evaler:
             def Replica(b):
                 task = train_loop.ReplicaTask(tasks, strategy)
                 with replica_context() if replica_context else contextlib.nullcontext():
-                    return _MetricSums(task.EvalStep(b))
+                    return train_loop.WeightedSums(task.EvalStep(b))
 
             out = strategy.run(Replica, args=(batch,))
             return {

@@ -99,11 +99,15 @@ def _Apply(p: hyperparams.Params, text: str, source: str) -> None:
             raise UsageError(f"{source}: cannot apply {assignment!r}: {e}") from None
 
 
+def _CheckPositive(value: int, flag: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"--{flag}: expected a positive integer, received {value!r}")
+
+
 def _SetShortcut(p: hyperparams.Params, name: str, value: int | None, flag: str) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"--{flag}: expected a positive integer, received {value!r}")
+    _CheckPositive(value, flag)
     if name not in p:
         raise UsageError(
             f"--{flag}={value}: the task {p.cls.__name__} has no param {name!r}, so it "
@@ -137,10 +141,7 @@ def ResolveParams(key: str, overrides: Overrides) -> ResolvedParams:
     if overrides.params_override:
         _Apply(p, overrides.params_override, "--params_override")
     if overrides.max_steps is not None:
-        if isinstance(overrides.max_steps, bool) or overrides.max_steps < 1:
-            raise UsageError(
-                f"--max_steps: expected a positive integer, received {overrides.max_steps!r}"
-            )
+        _CheckPositive(overrides.max_steps, "max_steps")
         p.train.max_steps = overrides.max_steps
     _SetShortcut(p, "num_stages", overrides.num_stages, "num_stages")
     _SetShortcut(p, "num_micro_batches", overrides.num_micro_batches, "num_micro_batches")

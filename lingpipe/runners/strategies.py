@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -135,19 +134,21 @@ def _Worker() -> tuple[int, int]:
             '["host0:12345", "host1:12345"]}, "task": {"type": "worker", '
             '"index": 0}}\''
         )
+    expected = "expected {'cluster': {'worker': [...]}, 'task': {'type': 'worker', 'index': i}}"
     try:
-        config = json.loads(raw)
-        workers = config["cluster"]["worker"]
-        task = config["task"]
-        index = int(task["index"])
-        if task["type"] != "worker" or not 0 <= index < len(workers):
-            raise ValueError(f"task {task} is not one of the {len(workers)} workers")
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        workers = resolver.cluster_spec().as_dict().get("worker", [])
+        task_type, index = resolver.task_type, resolver.task_id
     except (ValueError, KeyError, TypeError) as e:
         raise startup.UsageError(
-            f"--strategy=multi_worker: TF_CONFIG={raw!r} is not a cluster of workers with "
-            f"this process's task ({type(e).__name__}: {e}); expected {{'cluster': "
-            "{'worker': [...]}, 'task': {'type': 'worker', 'index': i}}"
+            f"--strategy=multi_worker: TF_CONFIG={raw!r} cannot be read "
+            f"({type(e).__name__}: {e}); {expected}"
         ) from None
+    if task_type != "worker" or index is None or not 0 <= index < len(workers):
+        raise startup.UsageError(
+            f"--strategy=multi_worker: in TF_CONFIG={raw!r} this process's task "
+            f"({task_type!r}, {index!r}) is not one of the {len(workers)} workers; {expected}"
+        )
     return len(workers), index
 
 

@@ -65,20 +65,22 @@ class Intervals:
     progress_seconds: float = 5.0
 
 
+def WeightedSums(metrics: NestedMap) -> dict[str, tf.Tensor]:
+    """{name: [value * weight, weight]} of (value, weight) metrics: sums of these over
+    replicas or batches give each metric's weighted mean (sum[0] / sum[1])."""
+    return {
+        name: tf.stack([tf.cast(v * w, tf.float32), tf.cast(w, tf.float32)])
+        for name, (v, w) in metrics.items()
+    }
+
+
 def ReduceMetrics(metrics: NestedMap) -> NestedMap:
     """In a replica: each (value, weight) metric's weighted mean and total weight over replicas."""
     ctx = tf.distribute.get_replica_context()
     if ctx is None or ctx.num_replicas_in_sync == 1:
         return metrics
-    names = sorted(metrics)
-    sums = ctx.all_reduce(
-        tf.distribute.ReduceOp.SUM,
-        [
-            tf.stack([tf.cast(v * w, tf.float32), tf.cast(w, tf.float32)])
-            for v, w in (metrics[n] for n in names)
-        ],
-    )
-    return NestedMap({n: (s[0] / tf.maximum(s[1], 1e-30), s[1]) for n, s in zip(names, sums)})
+    sums = ctx.all_reduce(tf.distribute.ReduceOp.SUM, WeightedSums(metrics))
+    return NestedMap({n: (s[0] / tf.maximum(s[1], 1e-30), s[1]) for n, s in sums.items()})
 
 
 def ReduceGradients(grads: list[tf.Tensor | None]) -> list[tf.Tensor | None]:
@@ -266,8 +268,7 @@ class Trainer:
         """Restores the newest readable checkpoint into every task copy."""
         path = self._checkpointer.Restore()
         if path is not None:
-            for task in self._tasks[1:]:
-                tf.train.Checkpoint(task=task).read(path).expect_partial()
+            checkpointer.ReadTasks(path, self._tasks[1:])
         return path
 
     def _Iterator(self, start_step: int):
@@ -282,9 +283,9 @@ class Trainer:
 
     def _CheckFinite(self, step: int, metrics: NestedMap, finite: np.ndarray) -> None:
         loss = float(metrics.loss[0])
-        bad_vars = [v.name for v, ok in zip(self._task.trainable_variables, finite) if not bool(ok)]
-        if math.isfinite(loss) and not bad_vars:
+        if math.isfinite(loss) and finite.all():
             return
+        bad_vars = [v.name for v, ok in zip(self._task.trainable_variables, finite) if not bool(ok)]
         last = self._checkpointer.latest
         raise NonFiniteError(
             f"Step {step}: the loss is {loss} and {len(bad_vars)} of "

@@ -176,3 +176,23 @@ def test_one_task_with_distributed_variables_applies_inside_the_replicas(tmp_pat
     _AssertSameUpdate(deltas, plain)
     for v in task.trainable_variables:
         np.testing.assert_array_equal(v.values[0].numpy(), v.values[1].numpy())
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ("not json", r"TF_CONFIG='not json' cannot be read \(JSONDecodeError"),
+        (
+            '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}',
+            r"this process's task \('worker', 3\) is not one of the 1 workers",
+        ),
+        (
+            '{"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}',
+            r"this process's task \('ps', 0\) is not one of the 1 workers",
+        ),
+    ],
+)
+def test_multi_worker_rejects_a_tf_config_without_this_worker(monkeypatch, config, message):
+    monkeypatch.setenv("TF_CONFIG", config)
+    with pytest.raises(ValueError, match=message):
+        strategies.BuildLayout("multi_worker", num_stages=2)
