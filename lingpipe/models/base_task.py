@@ -38,6 +38,7 @@ from typing import Any
 import tensorflow as tf
 
 from lingpipe import asserts, base_layer, hyperparams, optimizers, schedules, seeds
+from lingpipe.layers import gpipe
 from lingpipe.nested_map import NestedMap
 
 
@@ -96,6 +97,22 @@ def DefinePipelineParams(p: hyperparams.Params) -> hyperparams.Params:
     p.Define("remat", "always", "Recompute policy: 'always', 'except_last' or 'never'.")
     p.Define("partition", "uniform", "How cells are cut into stages (see PipeliningLayer).")
     return p
+
+
+def PipelineLayerParams(
+    p: hyperparams.Params, cells: list, input_shapes: Any = None
+) -> hyperparams.InstantiableParams:
+    """The params of a task's `pipeline` child: `cells` cut by the knobs of
+    DefinePipelineParams (num_stages, num_micro_batches, remat, partition)."""
+    return gpipe.PipeliningLayer.Params().Set(
+        name="pipeline",
+        cell_tpl=cells,
+        num_stages=p.num_stages,
+        num_micro_batches=p.num_micro_batches,
+        remat=p.remat,
+        partition=p.partition,
+        input_shapes=input_shapes,
+    )
 
 
 class BaseTask(base_layer.BaseLayer):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from lingpipe import asserts, hyperparams
-from lingpipe.layers import gpipe, normalization
+from lingpipe.layers import normalization
 from lingpipe.models import amoeba_cells, base_task
 from lingpipe.nested_map import NestedMap
 
@@ -122,15 +122,7 @@ class AmoebaNetClassifier(base_task.BaseTask):
                 input_dims=filters, num_classes=p.num_classes, label_smoothing=p.label_smoothing
             )
         )
-        return gpipe.PipeliningLayer.Params().Set(
-            name="pipeline",
-            cell_tpl=cells,
-            num_stages=p.num_stages,
-            num_micro_batches=p.num_micro_batches,
-            remat=p.remat,
-            partition=p.partition,
-            input_shapes=cls._InputShapes(p, where),
-        )
+        return base_task.PipelineLayerParams(p, cells, cls._InputShapes(p, where))
 
     @classmethod
     def _InputShapes(cls, p: hyperparams.Params, where: str) -> tuple | None:

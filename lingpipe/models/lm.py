@@ -36,7 +36,6 @@ from lingpipe import asserts, base_layer, hyperparams
 from lingpipe.layers import (
     dropout,
     embedding,
-    gpipe,
     linear,
     normalization,
     positions,
@@ -270,14 +269,7 @@ class TransformerLm(base_task.BaseTask):
                 label_smoothing=p.label_smoothing,
             )
         )
-        return gpipe.PipeliningLayer.Params().Set(
-            cell_tpl=cells,
-            num_stages=p.num_stages,
-            num_micro_batches=p.num_micro_batches,
-            remat=p.remat,
-            partition=p.partition,
-            input_shapes=cls.InputShapes(p, where),
-        )
+        return base_task.PipelineLayerParams(p, cells, cls.InputShapes(p, where))
 
     @classmethod
     def InputShapes(cls, p: hyperparams.Params, where: str = "") -> tuple | None:

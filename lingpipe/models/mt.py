@@ -25,7 +25,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from lingpipe import asserts, base_layer, hyperparams
-from lingpipe.layers import gpipe, transformer
+from lingpipe.layers import transformer
 from lingpipe.models import base_task, mt_cells
 from lingpipe.nested_map import NestedMap
 
@@ -105,15 +105,7 @@ class TransformerEncDec(base_task.BaseTask):
     @classmethod
     def PipelineParams(cls, p: hyperparams.Params) -> hyperparams.InstantiableParams:
         """The params of the `pipeline` child (cells, stages, input shapes), building nothing."""
-        return gpipe.PipeliningLayer.Params().Set(
-            name="pipeline",
-            cell_tpl=cls._CellParams(p),
-            num_stages=p.num_stages,
-            num_micro_batches=p.num_micro_batches,
-            remat=p.remat,
-            partition=p.partition,
-            input_shapes=cls._InputShapes(p),
-        )
+        return base_task.PipelineLayerParams(p, cls._CellParams(p), cls._InputShapes(p))
 
     @classmethod
     def _CellParams(cls, p: hyperparams.Params) -> list:

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from lingpipe import hyperparams, model_registry, optimizers
 from lingpipe.inputs import base_input
-from lingpipe.layers import gpipe, linear
+from lingpipe.layers import linear
 from lingpipe.models import base_model_params, base_task
 from lingpipe.nested_map import NestedMap
 
@@ -54,14 +54,7 @@ class RegressionTask(base_task.BaseTask):
         p = self.params
         cell = linear.LinearLayer.Params().Set(input_dims=DIMS, output_dims=DIMS)
         last = linear.LinearLayer.Params().Set(input_dims=DIMS, output_dims=1)
-        self.CreateChild(
-            "pipeline",
-            gpipe.PipeliningLayer.Params().Set(
-                cell_tpl=[cell, last],
-                num_stages=p.num_stages,
-                num_micro_batches=p.num_micro_batches,
-            ),
-        )
+        self.CreateChild("pipeline", base_task.PipelineLayerParams(p, [cell, last]))
 
     def ComputePredictions(self, theta, input_batch):
         return self.pipeline.FProp(theta.pipeline, input_batch.x)
