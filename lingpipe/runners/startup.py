@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
+import uuid
 
 from lingpipe import hyperparams, model_registry
 
@@ -160,23 +160,32 @@ def ResolveParams(key: str, overrides: Overrides) -> ResolvedParams:
     )
 
 
-def CheckLogdir(logdir: str) -> str:
-    """Returns the absolute logdir; it may not exist yet, but must be creatable as a directory.
+def IsUrl(path: str) -> bool:
+    """Whether `path` names a file system by scheme (gs://, ram://, hdfs://...)."""
+    return "://" in path
 
-    Nothing is created here (that waits until everything else has been checked).
+
+def CheckLogdir(logdir: str) -> str:
+    """Returns the logdir to use; it may not exist yet, but must be creatable as a directory.
+
+    A local path comes back absolute; a URL (`gs://bucket/run`, `ram://run`) comes
+    back as it is and is checked through `tf.io.gfile`, so it never turns into a
+    local `./gs:/bucket/run`. Nothing is created here (that waits until
+    everything else has been checked).
 
     Raises:
-      UsageError: the path is empty, is a file, or lies under a file.
+      UsageError: the path is empty, is a file, lies under a file, or its file
+        system cannot be reached.
     """
     if not logdir:
         raise UsageError(
             "--logdir: expected a directory for checkpoints and summaries, received ''"
         )
+    if IsUrl(logdir):
+        _CheckIsNoFile(logdir.rstrip("/"), logdir)
+        return logdir.rstrip("/")
     path = os.path.abspath(os.path.expanduser(logdir))
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UsageError(
-            f"--logdir={logdir}: {path} is a file; expected a directory (existing or to create)"
-        )
+    _CheckIsNoFile(path, logdir)
     parent = path
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
@@ -190,17 +199,41 @@ def CheckLogdir(logdir: str) -> str:
     return path
 
 
-def WriteAtomically(path: str, text: str) -> None:
-    """Writes `text` to `path` through a temporary file and a rename: never half a file."""
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".")
+def _CheckIsNoFile(path: str, logdir: str) -> None:
+    """Raises UsageError if `path` is a file or its file system cannot be reached."""
+    import tensorflow as tf
+
     try:
-        with os.fdopen(fd, "w") as f:
+        is_file = tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path)
+    except tf.errors.OpError as e:
+        reason = e.message.strip().splitlines()[0] if e.message.strip() else type(e).__name__
+        raise UsageError(
+            f"--logdir={logdir}: cannot reach it ({reason}); expected a directory this "
+            "process can write to"
+        ) from None
+    if is_file:
+        raise UsageError(
+            f"--logdir={logdir}: {path} is a file; expected a directory (existing or to create)"
+        )
+
+
+def WriteAtomically(path: str, text: str) -> None:
+    """Writes `text` to `path` through a temporary file and a rename: never half a file.
+
+    Through `tf.io.gfile`, so `path` may be a URL; files get the usual mode (0644
+    under a 022 umask).
+    """
+    import tensorflow as tf
+
+    directory, name = path.rsplit("/", 1) if "/" in path else (".", path)
+    tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+    try:
+        with tf.io.gfile.GFile(tmp, "w") as f:
             f.write(text)
-        os.replace(tmp, path)
+        tf.io.gfile.rename(tmp, path, overwrite=True)
     except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        if tf.io.gfile.exists(tmp):
+            tf.io.gfile.remove(tmp)
         raise
 
 
@@ -213,10 +246,10 @@ def WriteParams(logdir: str, resolved: ResolvedParams) -> tuple[str, str]:
     text = resolved.task.ToText()
     diff = resolved.task.TextDiff(resolved.defaults)
     header = f"# Params of {resolved.key} as run by lingpipe.trainer.\n"
-    WriteAtomically(os.path.join(logdir, PARAMS_FILE), header + text)
+    WriteAtomically(f"{logdir}/{PARAMS_FILE}", header + text)
     diff_header = (
         f"# Where this run differs from the registered {resolved.key}:\n"
         "# '>' this run, '<' the registered default.\n"
     )
-    WriteAtomically(os.path.join(logdir, PARAMS_DIFF_FILE), diff_header + diff)
+    WriteAtomically(f"{logdir}/{PARAMS_DIFF_FILE}", diff_header + diff)
     return text, diff

@@ -1,8 +1,10 @@
 """Trainer start-up: override text, params resolution order, logdir checks, atomic writes."""
 
 import os
+import stat
 
 import pytest
+import tensorflow as tf
 
 from lingpipe.runners import startup
 
@@ -91,3 +93,36 @@ def test_write_params_full_text_and_diff(tmp_path):
     assert diff == "> model_dims : 32\n< model_dims : 64\n"
     assert (tmp_path / startup.PARAMS_DIFF_FILE).read_text().endswith(diff)
     assert sorted(os.listdir(tmp_path)) == sorted([startup.PARAMS_DIFF_FILE, startup.PARAMS_FILE])
+
+
+def test_url_logdirs_go_through_gfile_and_never_to_the_local_disk(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # TensorFlow's in-memory file system stands in for a bucket.
+    logdir = startup.CheckLogdir("ram://lingpipe_test_startup/run")
+    assert logdir == "ram://lingpipe_test_startup/run"
+    resolved = startup.ResolveParams(LM, startup.Overrides(params_override="model_dims : 32"))
+    tf.io.gfile.makedirs(logdir)
+    startup.WriteParams(logdir, resolved)
+    assert sorted(tf.io.gfile.listdir(logdir)) == [startup.PARAMS_FILE, startup.PARAMS_DIFF_FILE]
+    with tf.io.gfile.GFile(f"{logdir}/{startup.PARAMS_FILE}") as f:
+        assert "model_dims : 32\n" in f.read()
+    with tf.io.gfile.GFile("ram://lingpipe_test_startup/a_file", "w") as f:
+        f.write("x")
+    with pytest.raises(startup.UsageError, match=r"a_file is a file; expected a directory"):
+        startup.CheckLogdir("ram://lingpipe_test_startup/a_file")
+    # A bucket that cannot be reached is refused by name, and nothing lands in ./gs:/.
+    with pytest.raises(startup.UsageError, match=r"--logdir=gs://no-such-bucket/run: cannot "):
+        startup.CheckLogdir("gs://no-such-bucket/run")
+    assert os.listdir(tmp_path) == []
+    tf.io.gfile.rmtree("ram://lingpipe_test_startup")
+
+
+def test_written_files_get_the_usual_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        startup.WriteAtomically(str(tmp_path / "f.txt"), "text")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f.txt").read_text() == "text"
+    assert stat.S_IMODE(os.stat(tmp_path / "f.txt").st_mode) == 0o644
+    assert os.listdir(tmp_path) == ["f.txt"]  # No temporary file left.
