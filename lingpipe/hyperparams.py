@@ -20,7 +20,14 @@ indices (`layers[1].dim`). A value is written as:
   * `inf`, `-inf`, `nan` for non-finite floats.
   * `tf.<name>` for a `tf.DType`, e.g. `tf.float32`.
   * the bare dotted path `module.Class` for a class (not quoted: a quoted string
-    is a string value).
+    is a string value). `FromText` accepts only a class that fits the param: a
+    subclass of its base, which is `Define(..., base=...)` when given, else inferred
+    from the class the param was defined with (`params_text.ExpectedBase`: the
+    nearest lingpipe base class, BaseTask, BaseLayer, BaseInputGenerator,
+    BaseOptimizer or BaseSchedule; else the root of that class's `Params()` family).
+    A param defined without a class accepts subclasses of any lingpipe base. So
+    `train.lr_schedule.cls : subprocess.Popen` is refused, naming the param, the
+    class received and the base expected.
   * the bare word `REQUIRED` for the `REQUIRED` marker.
   * `<...>` for anything else (functions, objects): a description only. Reading it
     back is a no-op when it still matches the current value, an error otherwise.
@@ -112,13 +119,15 @@ def _ValuesEqual(a: Any, b: Any) -> bool:
 
 
 class _Param:
-    """One defined param: its value and description."""
+    """One defined param: its value, description, and the base class a class value
+    read from text must derive from (None: no class to infer it from)."""
 
-    __slots__ = ("value", "description")
+    __slots__ = ("value", "description", "base")
 
-    def __init__(self, value: Any, description: str) -> None:
+    def __init__(self, value: Any, description: str, base: type | None) -> None:
         self.value = value
         self.description = description
+        self.base = base
 
 
 class Params:
@@ -243,13 +252,24 @@ class Params:
 
     # ---- defining, getting and setting ---------------------------------------------
 
-    def Define(self, name: str, default: Any, description: str) -> None:
+    def Define(
+        self, name: str, default: Any, description: str, *, base: type | None = None
+    ) -> None:
         """Defines param `name` with a default value and a (required) description.
 
+        Args:
+          name: a lower-case identifier.
+          default: the initial value.
+          description: what the param means; required.
+          base: for a class-valued param, the class that `FromText` requires a class
+            value to derive from. By default it is inferred from a class `default`
+            (see the module docstring); declare it when the default is None.
+
         Raises:
-          ValueError: `name` is not a lower-case identifier, or `description` is empty.
+          ValueError: `name` is not a lower-case identifier, `description` is empty,
+            or `default` is a class that is not a subclass of `base`.
           AttributeError: `name` is already defined.
-          TypeError: this Params is frozen.
+          TypeError: this Params is frozen, or `base` is not a class.
         """
         self._CheckMutable(f"define {name!r}")
         if not isinstance(name, str) or not _NAME_RE.match(name) or keyword.iskeyword(name):
@@ -267,7 +287,7 @@ class Params:
                 "set it instead, or Delete() it first."
             )
         self._Attach(name, default)
-        self._params[name] = _Param(default, description)
+        self._params[name] = _Param(default, description, _DefinedBase(name, default, base))
 
     def __getattr__(self, name: str) -> Any:
         # Only called when normal lookup fails. Underscore names are Python protocol
@@ -365,7 +385,7 @@ class Params:
         for key, param in self._params.items():
             value = _CopyValue(param.value)
             res._Attach(key, value)
-            res._params[key] = _Param(value, param.description)
+            res._params[key] = _Param(value, param.description, param.base)
         return res
 
     def __copy__(self) -> Params:
@@ -478,8 +498,19 @@ class Params:
                     f"{params_text.ExpectedTypeName(current)}; received {value_text} "
                     f"({params_text.TypeName(value)})."
                 )
+            if isinstance(value, type) and value is not current:
+                error = params_text.ClassError(key, value, self._ClassBase(key, current))
+                if error is not None:
+                    raise ValueError(f"FromText line {lineno}: {error}")
             updates[key] = value
         return self.Set(**updates)
+
+    def _ClassBase(self, name: str, current: Any) -> type | None:
+        """The base class a class value of dotted `name` must derive from; see Define."""
+        node, step = self._Resolve(name)
+        if isinstance(node, Params) and node._params[step].base is not None:
+            return node._params[step].base
+        return params_text.ExpectedBase(current) if isinstance(current, type) else None
 
     def TextDiff(self, other: Params) -> str:
         """Describes where `other` differs from self; '' when they are equal.
@@ -516,6 +547,21 @@ class Params:
         return paths
 
 
+def _DefinedBase(name: str, default: Any, base: type | None) -> type | None:
+    """The base of a param defined with `default`: `base` if given (checked), else
+    inferred from a class default, else None."""
+    if base is None:
+        return params_text.ExpectedBase(default) if isinstance(default, type) else None
+    if not isinstance(base, type):
+        raise TypeError(f"Param {name!r}: base must be a class, received {base!r}")
+    if isinstance(default, type) and not issubclass(default, base):
+        raise ValueError(
+            f"Param {name!r}: default {params_text.ClassName(default)} is not a subclass "
+            f"of its base {params_text.ClassName(base)}"
+        )
+    return base
+
+
 def _Append(walked: str, step: str | int) -> str:
     if isinstance(step, int):
         return f"{walked}[{step}]"
@@ -536,9 +582,13 @@ def CheckInstantiable(params: Any, owner: object) -> None:
 class InstantiableParams(Params):
     """Params with a `cls` param: the class that `Instantiate` builds from them."""
 
-    def __init__(self, cls: type | None = None) -> None:
+    def __init__(self, cls: type | None = None, *, base: type | None = None) -> None:
+        """`cls`: the class to build; `base`: the class a `cls` read from text must
+        derive from (default: inferred from `cls`, see the module docstring)."""
         super().__init__()
-        self.Define("cls", cls, "The class to build: Instantiate() calls cls(params, ...).")
+        self.Define(
+            "cls", cls, "The class to build: Instantiate() calls cls(params, ...).", base=base
+        )
 
     def Instantiate(self, **kwargs: Any) -> Any:
         """Returns `self.cls(self, **kwargs)` once every REQUIRED param is set.

@@ -15,6 +15,10 @@ Reading never evaluates text and never imports what text names: literals go thro
 `ast.literal_eval`, the other forms are matched by pattern, and a class path is
 looked up without running code (`inspect.getattr_static`) in modules that are
 already imported. TensorFlow is imported, lazily, only to read `tf.<name>`.
+
+A class read from text must also fit its param: it must be a subclass of the
+param's expected base (`ExpectedBase`, `ClassError`), so that text can name another
+schedule for a schedule's `cls` but not `subprocess.Popen`.
 """
 
 from __future__ import annotations
@@ -40,6 +44,16 @@ _LINE_RE = re.compile(
 _DTYPE_RE = re.compile(r"^tf\.([a-z][a-z0-9_]*)$")
 _CLASS_PATH_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+$")
 _NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+# lingpipe's base classes, by path: this low module imports none of them. A class
+# param whose class derives from one of them accepts that base's subclasses.
+BASE_CLASS_PATHS = (
+    "lingpipe.models.base_task.BaseTask",
+    "lingpipe.base_layer.BaseLayer",
+    "lingpipe.inputs.base_input.BaseInputGenerator",
+    "lingpipe.optimizers.BaseOptimizer",
+    "lingpipe.schedules.BaseSchedule",
+)
 
 
 class NotLiteralError(ValueError):
@@ -210,6 +224,47 @@ def Coerce(current: Any, new: Any) -> tuple[bool, Any]:
     if IsDType(current):
         return IsDType(new), new
     return True, new  # No text form to check against (functions, objects).
+
+
+def ExpectedBase(cls: type) -> type:
+    """The class whose subclasses a param defined with class `cls` accepts from text.
+
+    In order: the nearest of lingpipe's base classes (`BASE_CLASS_PATHS`) in `cls`'s
+    MRO, so a task's `cls` takes tasks (BaseTask, not BaseLayer), an optimizer's
+    optimizers; else the most general class in the MRO that defines its own
+    `Params()` (the root of the family these params come from); else `cls` itself.
+    """
+    mro = [c for c in cls.__mro__ if c is not object]
+    for c in mro:
+        if _ClassPath(c) in BASE_CLASS_PATHS:
+            return c
+    roots = [c for c in mro if "Params" in vars(c)]
+    return roots[-1] if roots else cls
+
+
+def ClassError(name: str, cls: type, base: type | None) -> str | None:
+    """Why class `cls` read from text may not be param `name`'s value; None if it may.
+
+    Args:
+      name: the param's dotted name, for the message.
+      cls: the class the text names.
+      base: the param's expected base; None when the param has no class to infer one
+        from and none was declared: then any subclass of a lingpipe base fits.
+    """
+    if base is not None:
+        if issubclass(cls, base):
+            return None
+        expected = f"a subclass of {ClassName(base)}"
+    else:
+        if any(_ClassPath(c) in BASE_CLASS_PATHS for c in cls.__mro__):
+            return None
+        expected = f"a subclass of one of {', '.join(BASE_CLASS_PATHS)}"
+    return f"{name}: expected {expected}, received {ClassName(cls)}"
+
+
+def ClassName(cls: type) -> str:
+    """`module.QualName` of `cls`, for messages (also for classes defined in functions)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def ExpectedTypeName(current: Any) -> str:

@@ -4,6 +4,7 @@ import copy
 import math
 import pickle
 import re
+import subprocess  # noqa: F401  Imported, so that text may name subprocess.Popen.
 
 import pytest
 import tensorflow as tf
@@ -638,3 +639,83 @@ def test_instantiate_names_required_dotted_path():
     )
     p.Set(**{"a.b": 1, "dims": [3, 4], "layers[1].dim": 2})
     assert isinstance(p.Instantiate(), MyLayer)
+
+
+# ---- class-valued params ------------------------------------------------------------
+
+
+def _TrainParams():
+    """A `train` Params holding a schedule's params, as a task's params do."""
+    from lingpipe import optimizers, schedules  # noqa: F401  Imported, so text may name them.
+
+    p = Params()
+    p.Define("train", Params(), "Training settings.")
+    p.train.Define("lr_schedule", schedules.Cosine.Params(), "Schedule params.")
+    return p
+
+
+def test_from_text_refuses_a_class_outside_the_fields_base():
+    p = _TrainParams()
+    with pytest.raises(ValueError) as info:
+        p.FromText("train.lr_schedule.cls : subprocess.Popen")
+    assert str(info.value) == (
+        "FromText line 1: train.lr_schedule.cls: expected a subclass of "
+        "lingpipe.schedules.BaseSchedule, received subprocess.Popen"
+    )
+    with pytest.raises(ValueError, match="expected a subclass of lingpipe.schedules.BaseSchedule"):
+        p.FromText("train.lr_schedule.cls : lingpipe.optimizers.Adam")
+    assert p == _TrainParams()
+    p.FromText("train.lr_schedule.cls : lingpipe.schedules.Constant")
+    assert p.train.lr_schedule.cls.__name__ == "Constant"
+
+
+def test_the_expected_base_is_the_nearest_lingpipe_base_of_the_default():
+    from lingpipe.inputs import text_lm
+    from lingpipe.layers import linear
+    from lingpipe.models import lm
+
+    for params, base in [
+        (lm.TransformerLm.Params(), "lingpipe.models.base_task.BaseTask"),
+        (linear.LinearLayer.Params(), "lingpipe.base_layer.BaseLayer"),
+        (text_lm.TextLmInput.Params(), "lingpipe.inputs.base_input.BaseInputGenerator"),
+    ]:
+        with pytest.raises(ValueError, match=f"expected a subclass of {base}, received"):
+            params.Copy().FromText("cls : subprocess.Popen")
+    # A layer is no task, though both are BaseLayers.
+    with pytest.raises(ValueError, match="expected a subclass of lingpipe.models.base_task"):
+        lm.TransformerLm.Params().FromText("cls : lingpipe.layers.linear.LinearLayer")
+
+
+def test_a_class_without_a_lingpipe_base_accepts_its_own_subclasses():
+    p = _Tree()
+    with pytest.raises(ValueError) as info:
+        p.FromText("layer_cls : subprocess.Popen")
+    assert str(info.value) == (
+        f"FromText line 1: layer_cls: expected a subclass of {__name__}.MyLayer, "
+        "received subprocess.Popen"
+    )
+    p.FromText(f"layer_cls : {__name__}.OtherLayer")
+    assert p.layer_cls is OtherLayer
+    # The base comes from the default, so it does not narrow once a subclass is set.
+    p.FromText(f"layer_cls : {__name__}.MyLayer")
+    assert p.Copy().FromText(f"layer_cls : {__name__}.OtherLayer").layer_cls is OtherLayer
+
+
+def test_a_declared_base_and_a_field_without_a_class():
+    p = Params()
+    p.Define("cell_cls", None, "A layer class.", base=MyLayer)
+    p.FromText(f"cell_cls : {__name__}.OtherLayer")
+    assert p.cell_cls is OtherLayer
+    with pytest.raises(ValueError, match=f"cell_cls: expected a subclass of {__name__}.MyLayer"):
+        p.Copy().FromText("cell_cls : subprocess.Popen")
+    with pytest.raises(ValueError) as info:
+        Params().Define("x_cls", int, "A class.", base=MyLayer)
+    assert str(info.value) == (
+        f"Param 'x_cls': default builtins.int is not a subclass of its base {__name__}.MyLayer"
+    )
+    # No class and no declared base: only subclasses of lingpipe's bases.
+    q = InstantiableParams()
+    with pytest.raises(ValueError, match="cls: expected a subclass of one of lingpipe.models"):
+        q.FromText("cls : subprocess.Popen")
+    q.FromText("cls : lingpipe.schedules.Constant")
+    assert q.cls.__name__ == "Constant"

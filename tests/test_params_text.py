@@ -102,3 +102,41 @@ def test_either_module_can_be_imported_first():
     for first in ("lingpipe.params_text", "lingpipe.hyperparams"):
         code = f"import {first}; from lingpipe import hyperparams; hyperparams.Params().ToText()"
         subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_lingpipe_base_class_paths_name_classes():
+    import importlib
+
+    for path in params_text.BASE_CLASS_PATHS:
+        module, _, name = path.rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
+        assert isinstance(cls, type) and f"{cls.__module__}.{cls.__qualname__}" == path
+
+
+def test_expected_base():
+    from lingpipe import base_layer, optimizers, schedules
+    from lingpipe.models import base_task, lm
+
+    class Root:
+        @classmethod
+        def Params(cls):
+            return None
+
+    class Child(Root):
+        @classmethod
+        def Params(cls):
+            return None
+
+    class Leaf(Child):
+        pass
+
+    assert params_text.ExpectedBase(lm.TransformerLm) is base_task.BaseTask
+    assert params_text.ExpectedBase(lm.LmEmbeddingCell) is base_layer.BaseLayer
+    assert params_text.ExpectedBase(optimizers.Adam) is optimizers.BaseOptimizer
+    assert params_text.ExpectedBase(schedules.BaseSchedule) is schedules.BaseSchedule
+    assert params_text.ExpectedBase(Leaf) is Root  # The class whose Params() others override.
+    assert params_text.ExpectedBase(MyLayer) is MyLayer
+    assert params_text.ClassError("a.cls", Leaf, Root) is None
+    assert params_text.ClassError("a.cls", subprocess.Popen, Root) == (
+        f"a.cls: expected a subclass of {__name__}.{Root.__qualname__}, received subprocess.Popen"
+    )
