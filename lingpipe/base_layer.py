@@ -81,6 +81,26 @@ def DoEval() -> bool:
     return stack[-1] if stack else False
 
 
+@contextlib.contextmanager
+def Recomputation(active: bool = True) -> Iterator[None]:
+    """Layers called inside replay a forward that already ran (a pipeline's recompute in
+    backward): a layer with state updates (batch norm's statistics) must not apply
+    them a second time. `active=False` is a no-op, for callers that pass a flag.
+    """
+    if not hasattr(_state, "recompute"):
+        _state.recompute = []
+    _state.recompute.append(bool(active))
+    try:
+        yield
+    finally:
+        _state.recompute.pop()
+
+
+def IsRecomputing() -> bool:
+    """True inside an active Recomputation()."""
+    return any(getattr(_state, "recompute", ()))
+
+
 class WeightInit:
     """Initializers for CreateVariable, as params: `WeightInit.Gaussian(0.02, seed=1)`.
 

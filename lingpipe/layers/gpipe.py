@@ -23,7 +23,7 @@ activations and their gradients between neighbouring stages.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -31,9 +31,10 @@ import tensorflow as tf
 from lingpipe import asserts, base_layer, cluster, hyperparams, seeds
 from lingpipe.layers import normalization, sequential
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import costs, micro_batch, partition, schedule
+from lingpipe.pipeline import costs, executor, micro_batch, partition, placement, schedule
 from lingpipe.pipeline import report as report_lib
 from lingpipe.pipeline.stage_call import GradientAccumulator, PlainCall, StageCall
+from lingpipe.pipeline.stage_context import StageContext
 
 PARTITION_POLICIES = ("uniform", "flops", "params", "profile")
 REMAT_POLICIES = ("always", "except_last", "never")
@@ -81,6 +82,19 @@ class PipeliningLayer(base_layer.BaseLayer):
             "PartitionReport() before the first call.",
         )
         p.Define("profile_repeats", 3, "Timed runs per cell for partition='profile'.")
+        p.Define(
+            "schedule",
+            "gpipe",
+            "The order of ForwardBackward's work: 'gpipe' (fill-drain), '1f1b', "
+            "'interleaved_1f1b' (with num_virtual_stages) or 'zero_bubble' (ZB-H1). "
+            "FProp under a caller's tape always runs fill-drain.",
+        )
+        p.Define(
+            "num_virtual_stages",
+            1,
+            "Chunks of the cells per device (interleaved_1f1b): the cells are cut into "
+            "num_stages * num_virtual_stages chunks, chunk c on device c mod num_stages.",
+        )
         return p
 
     def __init__(self, params: hyperparams.InstantiableParams) -> None:
@@ -88,10 +102,16 @@ class PipeliningLayer(base_layer.BaseLayer):
         p = self.params
         cells = self._CheckCells(p.cell_tpl)
         asserts.Positive(p.num_stages, "num_stages", where=self.path)
-        if p.num_stages > len(cells):
+        asserts.Positive(p.num_virtual_stages, "num_virtual_stages", where=self.path)
+        num_chunks = p.num_stages * p.num_virtual_stages
+        if num_chunks > len(cells):
+            chunks = f"num_stages={p.num_stages}"
+            if p.num_virtual_stages > 1:
+                chunks += f" x num_virtual_stages={p.num_virtual_stages} = {num_chunks} chunks"
             raise ValueError(
-                f"{self.path}: num_stages={p.num_stages} is greater than the number of "
-                f"cells ({len(cells)} in cell_tpl); every stage needs at least one cell"
+                f"{self.path}: {chunks} is greater than the number of cells ({len(cells)} in "
+                f"cell_tpl); every {'chunk' if p.num_virtual_stages > 1 else 'stage'} needs at "
+                "least one cell"
             )
         asserts.Positive(p.num_micro_batches, "num_micro_batches", where=self.path)
         if p.micro_batch_size is not None:
@@ -101,11 +121,12 @@ class PipeliningLayer(base_layer.BaseLayer):
         self._devices = self._ResolveDevices(p.devices, p.num_stages)
         self._metas = costs.CellMetas(p, cells, tuple(p.input_shapes)) if p.input_shapes else None
         self._cell_costs = self._CellCosts(cells)
+        self._CheckSchedule()
         self._counts = self._Partition(cells)
         self._stage_cells: list[list[int]] = []
         for k, (start, end) in enumerate(partition.Boundaries(self._counts)):
             self._stage_cells.append(list(range(start, end)))
-            with tf.device(self._devices[k]):
+            with tf.device(self._devices[k % p.num_stages]):
                 for i in range(start, end):
                     self.CreateChild(f"cell_{i}", cells[i])
         self._num_cells = len(cells)
@@ -173,12 +194,25 @@ class PipeliningLayer(base_layer.BaseLayer):
             return [float(m.num_params) for m in self._metas]
         return costs.ProfileCells(p, cells, tuple(p.input_shapes), p.profile_repeats)
 
+    def _CheckSchedule(self) -> None:
+        """Refuses a schedule that cannot run these stages (M known up front only
+        without micro_batch_size; else it is checked at each call)."""
+        p = self.params
+        micro = p.num_micro_batches if p.micro_batch_size is None else 1
+        if p.micro_batch_size is not None and p.schedule == "interleaved_1f1b":
+            micro = p.num_stages
+        try:
+            schedule.Make(p.schedule, p.num_stages, micro, p.num_virtual_stages)
+        except schedule.ScheduleError as e:
+            raise ValueError(f"{self.path}: {e}") from None
+
     def _Partition(self, cells: list) -> list[int]:
         p = self.params
+        num_chunks = p.num_stages * p.num_virtual_stages
         if isinstance(p.partition, str):
-            return partition.MinMaxPartition(self._cell_costs, p.num_stages)
+            return partition.MinMaxPartition(self._cell_costs, num_chunks)
         try:
-            return partition.CheckCounts(p.partition, len(cells), p.num_stages)
+            return partition.CheckCounts(p.partition, len(cells), num_chunks)
         except ValueError as e:
             raise ValueError(f"{self.path}: {e}") from None
 
@@ -190,8 +224,12 @@ class PipeliningLayer(base_layer.BaseLayer):
 
     @property
     def stage_cells(self) -> list[list[int]]:
-        """Indices of the cells of each stage."""
+        """Indices of the cells of each stage (each chunk, when interleaved)."""
         return [list(c) for c in self._stage_cells]
+
+    def StageDevice(self, stage: int) -> str:
+        """The device of `stage` (chunk c lives on device c mod num_stages)."""
+        return self._devices[stage % self.params.num_stages]
 
     @property
     def cell_costs(self) -> list[float]:
@@ -228,7 +266,7 @@ class PipeliningLayer(base_layer.BaseLayer):
             stages.append(
                 report_lib.StageReport(
                     stage=k,
-                    device=self._devices[k],
+                    device=self.StageDevice(k),
                     cells=[c.path for c in cells],
                     # All variables, as FPropMeta counts them (batch norm's moving stats too).
                     num_params=sum(int(v.shape.num_elements()) for c in cells for v in c.variables),
@@ -295,49 +333,163 @@ class PipeliningLayer(base_layer.BaseLayer):
         stats.Apply()
         return outputs
 
+    def _Contexts(self) -> Any:
+        """context(s, m) -> StageContext: device, seed scope and TPU annotation, read
+        once here (the step's seed scope, the active logical cores) and passed down."""
+        scope = seeds.CurrentScopeValues()
+        annotators = [placement.StageAnnotator(d) for d in self._devices]
+
+        def Context(s: int, m: int) -> StageContext:
+            k = s % self.params.num_stages
+            return StageContext(s, self._devices[k], m, scope + (m,), False, annotators[k])
+
+        return Context
+
     def _Pipeline(self, theta: NestedMap, args: tuple, training: bool) -> Any:
+        """Fill-drain forward of StageCalls: the caller's tape builds the backward."""
         p = self.params
         sizes = self._Sizes(args)
-        num_micro, num_stages = len(sizes), p.num_stages
-        devices = self._devices
+        num_micro, num_chunks = len(sizes), len(self._stage_cells)
+        context = self._Contexts()
 
-        def Call(fn, inputs, k, name, recompute=False, after=(), accumulator=None):
+        def Call(fn, inputs, ctx, name, recompute=False, after=(), accumulator=None):
             if training:
-                return StageCall(fn, inputs, devices[k], recompute, after, name, accumulator)
-            return PlainCall(fn, inputs, devices[k], after, name)
+                return StageCall(fn, inputs, ctx, recompute, after, name, accumulator)
+            return PlainCall(fn, inputs, ctx, after, name)
 
         split = lambda *a: micro_batch.Split(a, sizes, p.batch_dim)  # noqa: E731
-        micro_args = Call(split, args, 0, "stage0_split") if num_micro > 1 else [args]
+        micro_args = Call(split, args, context(0, 0), "stage0_split") if num_micro > 1 else [args]
         # The micro-batches of a stage share its weights; one accumulator per stage
         # sums their gradient on the stage's device, one micro-batch at a time.
         thetas = [[theta[f"cell_{i}"] for i in idx] for idx in self._stage_cells]
-        accumulators = [GradientAccumulator(num_micro) for _ in range(num_stages)]
+        accumulators = [GradientAccumulator(num_micro) for _ in range(num_chunks)]
 
         state = list(micro_args)
-        last_out: list[Any] = [None] * num_stages
-        for tick in schedule.FillDrain(num_stages, num_micro):
+        last_out: list[Any] = [None] * num_chunks
+        for tick in schedule.ForwardTicks(num_chunks, num_micro):
             for k, m in tick:
                 recompute = p.remat == "always" or (p.remat == "except_last" and m < num_micro - 1)
                 idx = self._stage_cells[k]
                 run = lambda th, a, idx=idx: self._RunCells(idx, th, a)  # noqa: E731
                 after = [] if last_out[k] is None else tf.nest.flatten(last_out[k])[:1]
-                with seeds.StepSeedScope(m):
-                    out = Call(
-                        run,
-                        (thetas[k], state[m]),
-                        k,
-                        f"stage{k}_mb{m}",
-                        recompute,
-                        after,
-                        accumulators[k],
-                    )
+                out = Call(
+                    run,
+                    (thetas[k], state[m]),
+                    context(k, m),
+                    f"stage{k}_mb{m}",
+                    recompute,
+                    after,
+                    accumulators[k],
+                )
                 state[m] = sequential.AsArgs(out)
                 last_out[k] = out
         outputs = [s[0] if len(s) == 1 else s for s in state]
         if num_micro == 1:
             return outputs[0]
         merge = lambda *outs: micro_batch.Merge(list(outs), sizes, p.batch_dim)  # noqa: E731
-        return Call(merge, tuple(outputs), num_stages - 1, f"stage{num_stages - 1}_merge")
+        return Call(merge, tuple(outputs), context(num_chunks - 1, 0), "merge")
+
+    # ---- The schedule's executor ------------------------------------------------
+
+    def Schedule(self, num_micro_batches: int | None = None) -> schedule.Schedule:
+        """The schedule ForwardBackward follows for `num_micro_batches` (default the params')."""
+        p = self.params
+        micro = num_micro_batches or p.num_micro_batches
+        try:
+            return schedule.Make(p.schedule, p.num_stages, micro, p.num_virtual_stages)
+        except schedule.ScheduleError as e:
+            raise ValueError(f"{self.path}: {e}") from None
+
+    def KeptActivations(self, sched: schedule.Schedule) -> set[tuple[int, int]]:
+        """The (stage, micro-batch) pairs whose activations ForwardBackward keeps.
+
+        'never' keeps all, 'always' none; 'except_last' keeps, per stage, the
+        micro-batch whose backward follows its forward most closely on the device
+        (the latest one on a tie): the one that recomputing would gain least from.
+        """
+        p = self.params
+        pairs = {(s, m) for s in range(sched.num_stages) for m in range(sched.num_micro_batches)}
+        if p.remat != "except_last":
+            return pairs if p.remat == "never" else set()
+        kept = set()
+        for acts in sched.device_actions:
+            where = {(a.kind, a.stage, a.micro_batch): i for i, a in enumerate(acts)}
+            for stage in {a.stage for a in acts}:
+                gaps = []
+                for m in range(sched.num_micro_batches):
+                    back = where.get(("B", stage, m), where.get(("I", stage, m)))
+                    gaps.append((back - where[("F", stage, m)], -m))
+                kept.add((stage, -min(gaps)[1]))
+        return kept
+
+    def ForwardBackward(
+        self,
+        theta: NestedMap,
+        inputs: Any,
+        loss_fn: Callable[[Any, Any], NestedMap],
+        loss_inputs: Any = None,
+    ) -> NestedMap:
+        """One training step's forward and backward, in the order of `p.schedule`.
+
+        Every forward, recomputation and backward of stage s runs on its device;
+        the executor creates the backward itself (lingpipe.pipeline.executor), so
+        the schedule decides the order whoever asks for gradients.
+
+        Args:
+          theta: this layer's theta (cell_0 .. cell_{N-1}).
+          inputs: the first cell's inputs: a tuple of FProp's positional args, or one value.
+          loss_fn: (outputs, loss_inputs) of one micro-batch -> NestedMap of (value,
+            weight) metrics with 'loss' (scalars), run on the last stage's device.
+          loss_inputs: a structure split into micro-batches with the inputs (the
+            task's input batch, say) and handed to loss_fn; None gives loss_fn None.
+
+        Returns:
+          NestedMap(metrics: the weighted means of loss_fn's metrics over the
+          micro-batches, theta_grads: like theta, the gradient of the batch's loss,
+          input_grads: like inputs (None where not floating point),
+          variable_grads: {variable.ref(): gradient} of variables loss_fn read).
+        """
+        p = self.params
+        args = inputs if isinstance(inputs, tuple) else (inputs,)
+        sizes = self._Sizes(args)
+        sched = self.Schedule(len(sizes))
+        context = self._Contexts()
+        with tf.device(self._devices[0]), tf.name_scope("split"):
+            micro_args = micro_batch.Split(args, sizes, p.batch_dim)
+        micro_loss = [None] * len(sizes)
+        if loss_inputs is not None:
+            with tf.device(self.StageDevice(sched.num_stages - 1)), tf.name_scope("split_loss"):
+                micro_loss = micro_batch.Split(loss_inputs, sizes, p.batch_dim)
+        thetas = [
+            NestedMap({f"cell_{i}": theta[f"cell_{i}"] for i in idx}) for idx in self._stage_cells
+        ]
+        stages = [
+            executor.Stage(tf.nest.flatten(th), self._StageFn(idx, th))
+            for idx, th in zip(self._stage_cells, thetas)
+        ]
+        kept = self.KeptActivations(sched)
+        with normalization.BatchNormStats() as stats:
+            result = executor.Run(
+                sched, stages, micro_args, loss_fn, micro_loss, lambda s, m: (s, m) in kept, context
+            )
+        stats.Apply()
+        theta_grads = NestedMap()
+        for th, grads in zip(thetas, result.weight_grads):
+            theta_grads.update(tf.nest.pack_sequence_as(th, grads))
+        input_grads = micro_batch.MergeGradients(result.input_grads, args, sizes, p.batch_dim)
+        return NestedMap(
+            metrics=result.metrics,
+            theta_grads=theta_grads,
+            input_grads=input_grads if isinstance(inputs, tuple) else input_grads[0],
+            variable_grads=result.extra_grads,
+        )
+
+    def _StageFn(self, idx: list[int], theta: NestedMap) -> Callable[[list, Any], Any]:
+        def Run(weights: list, inputs: Any) -> Any:
+            th = tf.nest.pack_sequence_as(theta, weights)
+            return self._RunCells(idx, [th[f"cell_{i}"] for i in idx], sequential.AsArgs(inputs))
+
+        return Run
 
     def FPropSequential(self, theta: NestedMap, *args: Any) -> Any:
         """The reference: the same cells and micro-batches, one after another, no devices.

@@ -7,8 +7,11 @@ The innermost statistics context decides what happens to its moving averages:
 - `BatchNormStats`: each call records (count, mean, variance); `stats.Apply()`
   combines the records of each layer exactly, as if the micro-batches were one
   batch (Chan's parallel formula), and updates each layer's moving averages once;
-- `SuspendBatchNormUpdates`: calls neither record nor update (a forward that is
-  recomputed in backward must not count its statistics twice).
+- `SuspendBatchNormUpdates`: calls neither record nor update.
+
+Inside `base_layer.Recomputation()` (a pipeline replaying a forward in backward)
+calls neither record nor update either, whatever the context: a recomputed
+forward must not count its statistics twice.
 
     with normalization.BatchNormStats() as stats:
       for x in micro_batches:
@@ -340,7 +343,9 @@ class BatchNormLayer(base_layer.BaseLayer):
         else:
             count, mean, variance, residual = self._Moments(x, weights)
             context = _StatsStack()[-1] if _StatsStack() else None
-            if isinstance(context, BatchNormStats):
+            if base_layer.IsRecomputing():
+                pass  # A replay of a forward whose statistics were already recorded.
+            elif isinstance(context, BatchNormStats):
                 context.Record(self, count, mean, variance, residual)
             elif context is None:
                 self.UpdateMovingAverages(count, mean + residual, variance - tf.square(residual))

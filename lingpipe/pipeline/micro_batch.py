@@ -99,3 +99,28 @@ def Merge(micro_outputs: list[Any], sizes: list[int], batch_dim: int) -> Any:
         else:
             merged.append(tf.stack(parts))
     return tf.nest.pack_sequence_as(first, merged)
+
+
+def MergeGradients(
+    micro_grads: list[list], structure: Any, sizes: list[int], batch_dim: int
+) -> Any:
+    """The gradient of `structure`'s leaves from the gradients of its micro-batches.
+
+    `micro_grads[m]` is aligned with tf.nest.flatten of micro-batch m's split of
+    `structure`. A batched leaf's gradient is its micro-batches' concatenated; a
+    leaf handed whole to every micro-batch gets their sum; None stays None.
+    """
+    batch = sum(sizes)
+    merged = []
+    for i, leaf in enumerate(tf.nest.flatten(structure)):
+        parts = [grads[i] for grads in micro_grads]
+        if any(g is None for g in parts):
+            present = [g for g in parts if g is not None]
+            merged.append(
+                tf.add_n(present) if present and not IsBatched(leaf, batch, batch_dim) else None
+            )
+        elif IsBatched(leaf, batch, batch_dim) and len(parts) > 1:
+            merged.append(tf.concat(parts, axis=batch_dim))
+        else:
+            merged.append(parts[0] if len(parts) == 1 else tf.add_n(parts))
+    return tf.nest.pack_sequence_as(structure, merged)

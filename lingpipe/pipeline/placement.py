@@ -54,3 +54,18 @@ def Annotate(device: str, values: Any) -> Any:
     return tf.nest.map_structure(
         lambda t: assign(t, core) if isinstance(t, tf.Tensor) else t, values
     )
+
+
+def StageAnnotator(device: str) -> Callable[[Any], Any]:
+    """`values -> values annotated for device's logical core` under the active
+    LogicalCores, or the identity outside. A pipeline reads it once where it starts
+    and passes it to each stage's work in its StageContext."""
+    active = getattr(_ACTIVE, "value", None)
+    if active is None:
+        return lambda values: values
+    Annotate(device, [])  # raises now if `device` is not one of the cores' devices
+    assign, devices = active
+    core = devices.index(device)
+    return lambda values: tf.nest.map_structure(
+        lambda t: assign(t, core) if isinstance(t, tf.Tensor) else t, values
+    )

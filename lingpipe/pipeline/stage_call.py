@@ -7,9 +7,14 @@ stage's `tf.device`, so every op of a stage stays on its device whether the
 caller takes gradients with a tape or with `tf.gradients`, eagerly or traced.
 
 With `recompute=True` the forward keeps nothing but its inputs, and the backward
-replays it (same stateless seed scope, batch-norm statistics suspended so they
-are never counted twice) under a tape before taking gradients: this is
-`tf.recompute_grad`'s mechanism with the device, seeds and statistics handled.
+replays it (in its StageContext as a recomputation: same stateless seed scope,
+batch-norm statistics not counted twice) under a tape before taking gradients:
+this is `tf.recompute_grad`'s mechanism with the device, seeds and statistics
+handled.
+
+StageCall serves `PipeliningLayer.FProp`, whose backward is whatever the
+caller's tape builds; `PipeliningLayer.ForwardBackward` runs a schedule with
+the executor (lingpipe.pipeline.executor) instead.
 With `recompute=False` the forward runs under a tape that keeps its activations
 and the backward only differentiates.
 """
@@ -21,9 +26,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from lingpipe import seeds
-from lingpipe.layers import normalization
-from lingpipe.pipeline import placement
+from lingpipe.pipeline.stage_context import Entered, StageContext
 
 
 def _IsFloat(t: Any) -> bool:
@@ -98,19 +101,20 @@ class GradientAccumulator:
 def StageCall(
     fn: Callable[..., Any],
     inputs: tuple,
-    device: str,
+    ctx: StageContext,
     recompute: bool,
     after: Sequence[Any] = (),
     name: str = "stage_call",
     accumulator: GradientAccumulator | None = None,
 ) -> Any:
-    """Runs `fn(*inputs)` on `device` as one unit whose backward runs there too.
+    """Runs `fn(*inputs)` on `ctx.device` as one unit whose backward runs there too.
 
     Args:
       fn: a function of the structures in `inputs`, returning a structure of tensors.
       inputs: a tuple of structures (tensors, NestedMaps, tuples; non-tensor leaves
         are passed through as constants). Every floating tensor is differentiable.
-      device: where the forward, recomputation and gradients run.
+      ctx: the stage's context: device (where the forward, recomputation and
+        gradients run), seed scope and TPU annotation.
       recompute: drop the forward's activations and replay it in backward.
       after: tensors whose producers must run before this forward (the schedule's
         ordering); ignored eagerly.
@@ -126,8 +130,8 @@ def StageCall(
     tensor_pos = [i for i, x in enumerate(flat) if _IsTensor(x)]
     num_shared = sum(1 for x in tf.nest.flatten(inputs[0]) if _IsTensor(x)) if inputs else 0
     if not tensor_pos:  # nothing to differentiate (a stage without weights, say)
-        return PlainCall(fn, inputs, device, after, name)
-    scope = seeds.CurrentScopeValues()
+        return PlainCall(fn, inputs, ctx, after, name)
+    device = ctx.device
     out_structure = []
 
     def Run(tensors: Sequence[tf.Tensor]) -> list:
@@ -137,11 +141,11 @@ def StageCall(
         outputs = fn(*tf.nest.pack_sequence_as(inputs, leaves))
         out_structure[:] = [outputs]
         # Inside the tape: a TPU's logical-core annotation is part of what is differentiated.
-        return placement.Annotate(device, tf.nest.flatten(outputs))
+        return ctx.annotate(tf.nest.flatten(outputs))
 
     @tf.custom_gradient
     def Call(*tensors):
-        with tf.device(device), tf.name_scope(name), tf.control_dependencies(list(after)):
+        with Entered(ctx), tf.name_scope(name), tf.control_dependencies(list(after)):
             if recompute:
                 tape = None
                 outputs = Run(tensors)
@@ -159,11 +163,7 @@ def StageCall(
                 tf.control_dependencies(wait),
             ):
                 if recompute:
-                    with (
-                        tf.GradientTape() as replay,
-                        seeds.RestoreScopeValues(scope),
-                        normalization.SuspendBatchNormUpdates(),
-                    ):
+                    with tf.GradientTape() as replay, Entered(ctx.Replay()):
                         replay.watch([t for t in tensors if _IsFloat(t)])
                         again = Run(tensors)
                     grads = _Differentiate(replay, again, dys, list(tensors) + variables)
@@ -171,7 +171,7 @@ def StageCall(
                     grads = _Differentiate(tape, outputs, dys, list(tensors) + variables)
                 if accumulator is not None:
                     grads[:num_shared] = accumulator.Add(grads[:num_shared])
-                grads = placement.Annotate(device, grads)
+                grads = ctx.annotate(grads)
             input_grads = [g if _IsFloat(t) else None for t, g in zip(tensors, grads)]
             return input_grads, grads[len(tensors) :]
 
@@ -189,10 +189,10 @@ def StageCall(
 def PlainCall(
     fn: Callable[..., Any],
     inputs: tuple,
-    device: str,
+    ctx: StageContext,
     after: Sequence[Any] = (),
     name: str = "stage_call",
 ) -> Any:
     """StageCall without a custom gradient: for eval and inference, where nothing is kept."""
-    with tf.device(device), tf.name_scope(name), tf.control_dependencies(list(after)):
-        return placement.Annotate(device, fn(*inputs))
+    with Entered(ctx), tf.name_scope(name), tf.control_dependencies(list(after)):
+        return ctx.annotate(fn(*inputs))

@@ -7,6 +7,7 @@ from gpipe_cells import Pipeline
 
 from lingpipe.layers import linear
 from lingpipe.pipeline.stage_call import GradientAccumulator, StageCall
+from lingpipe.pipeline.stage_context import StageContext
 
 
 def test_accumulator_returns_the_total_once_then_resets():
@@ -27,7 +28,7 @@ def test_stage_call_gradients_equal_plain_ones_eagerly_and_traced():
 
     def Grads(recompute):
         with tf.GradientTape() as tape:
-            y = StageCall(Fn, (w, x), "/device:CPU:3", recompute)
+            y = StageCall(Fn, (w, x), StageContext(0, "/device:CPU:3", 0), recompute)
             loss = tf.reduce_sum(y**2)
         return tape.gradient(loss, w)
 

@@ -1,0 +1,326 @@
+"""The executor: runs a schedule's forwards and backwards, creating the backward itself.
+
+    result = executor.Run(sched, stages, micro_inputs, loss_fn, micro_loss_inputs,
+                          keep=..., context=...)
+
+For every action of `sched` (in an order its simulation says is valid) the
+executor creates the action's ops on its stage's device, after the previous
+action of the same device (a control dependency on what that action produced),
+so each device follows its list; nothing else is ordered but the data.
+
+- F s m: the stage's forward of micro-batch m. When its activations are kept
+  (`keep(s, m)`), under a tape; else without one (the backward replays it). On
+  the last stage `loss_fn(outputs, loss_inputs_m)` gives the micro-batch's metrics.
+- B s m: the gradient of the stage's inputs and weights, from the gradient of its
+  outputs that stage s+1's backward produced (on the last stage, from the loss),
+  replaying the forward first if it was not kept. The weights' gradient is added
+  to the stage's running sum on its device.
+- I s m / W s m (zero bubble): B in two. I computes the inputs' gradient and sends
+  it on; the ops that only the weights' gradient needs are held back (a control
+  input each) until W's turn on the device.
+
+The loss of the batch is the weighted mean of the micro-batches' losses, as the
+task's (value, weight) metrics say: sum_m loss_m w_m / sum_m w_m. Each backward
+starts from d(loss_m w_m), so it needs no other micro-batch; the sums are scaled
+by 1 / sum_m w_m at the end, on each gradient's device. The weights w_m are
+counts (tokens, examples) and get no gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from lingpipe.nested_map import NestedMap
+from lingpipe.pipeline import simulate
+from lingpipe.pipeline.schedule import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Schedule
+from lingpipe.pipeline.stage_context import Entered, StageContext
+
+
+@dataclasses.dataclass
+class Stage:
+    """One stage for the executor: `run(weights, inputs) -> outputs` on its device.
+
+    `weights` are the leaves (variables or tensors) whose gradient the stage sums.
+    """
+
+    weights: list
+    run: Callable[[list, Any], Any]
+
+
+@dataclasses.dataclass
+class Result:
+    """What a step of the executor gives.
+
+    Attributes:
+      metrics: NestedMap of (value, weight): the weighted means over micro-batches.
+      weight_grads: per stage, the gradient of each of its weights (None where none).
+      input_grads: per micro-batch, a flat list aligned with tf.nest.flatten of its
+        inputs (None for leaves that are not floating point or get no gradient).
+      extra_grads: {variable.ref(): gradient} of variables that loss_fn read.
+    """
+
+    metrics: NestedMap
+    weight_grads: list[list]
+    input_grads: list[list]
+    extra_grads: dict
+
+
+def _IsFloat(x: Any) -> bool:
+    return isinstance(x, (tf.Tensor, tf.Variable)) and x.dtype.is_floating
+
+
+def _Dense(g: Any) -> Any:
+    return tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+
+
+def _Add(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else a + b
+
+
+def CheckMetrics(metrics: Any, where: str = "loss_fn") -> NestedMap:
+    """`metrics` as a NestedMap of (value, weight) scalar pairs with `loss`, else ValueError."""
+    if not isinstance(metrics, dict) or "loss" not in metrics:
+        got = sorted(metrics) if isinstance(metrics, dict) else type(metrics).__name__
+        raise ValueError(
+            f"{where} must return a NestedMap of (value, weight) pairs with 'loss', received {got}"
+        )
+    bad = [k for k, v in metrics.items() if not isinstance(v, (tuple, list)) or len(v) != 2]
+    if bad:
+        raise ValueError(
+            f"{where} must return each metric as a (value, weight) pair, received "
+            + ", ".join(f"{k}={metrics[k]!r}" for k in sorted(bad))
+        )
+    rank = tf.convert_to_tensor(metrics["loss"][0]).shape.rank
+    if rank not in (None, 0):
+        raise ValueError(f"{where}: expected loss to be a scalar, received rank {rank}")
+    return NestedMap({k: tuple(v) for k, v in metrics.items()})
+
+
+class _Step:
+    """The state of one traced step: what each action left for the next ones."""
+
+    def __init__(self, sched, stages, micro_inputs, loss_fn, loss_inputs, keep, context):
+        self.sched, self.stages, self.keep, self.context = sched, stages, keep, context
+        self.micro_inputs, self.loss_fn, self.loss_inputs = micro_inputs, loss_fn, loss_inputs
+        self.outputs: dict = {}  # (s, m) -> forward outputs
+        self.kept: dict = {}  # (s, m) -> (tape, outputs, objective) of a kept forward
+        self.input_grads: dict = {}  # (s, m) -> flat gradients of the stage's inputs
+        self.pending: dict = {}  # (s, m) -> (weight grads, extra grads, held-back ops) of an I
+        self.sums: list[list] = [[None] * len(st.weights) for st in stages]
+        self.extra: dict = {}
+        self.metrics: list = [None] * sched.num_micro_batches
+        self.eager = tf.executing_eagerly()
+
+    def Inputs(self, s: int, m: int) -> Any:
+        return self.micro_inputs[m] if s == 0 else self.outputs[(s - 1, m)]
+
+    def Forward(self, s: int, m: int, ctx: StageContext) -> tuple[Any, Any, Any]:
+        """Runs the stage (and the loss on the last stage) in `ctx`: (tape, outputs, objective)."""
+        stage, inputs = self.stages[s], self.Inputs(s, m)
+        tape = None
+        if ctx.recompute or self.keep(s, m):
+            tape = tf.GradientTape()
+            tape.__enter__()
+            tape.watch([x for x in tf.nest.flatten(inputs) + stage.weights if _IsFloat(x)])
+        try:
+            with Entered(ctx):
+                outputs = ctx.annotate(stage.run(stage.weights, inputs))
+                objective = None
+                if s == self.sched.num_stages - 1:
+                    metrics = CheckMetrics(self.loss_fn(outputs, self.loss_inputs[m]))
+                    if not ctx.recompute:
+                        self.metrics[m] = metrics
+                    value, weight = metrics.loss
+                    objective = value * tf.stop_gradient(tf.cast(weight, value.dtype))
+        finally:
+            if tape is not None:
+                tape.__exit__(None, None, None)
+        return tape, outputs, objective
+
+    def DoForward(self, s: int, m: int) -> list:
+        tape, outputs, objective = self.Forward(s, m, self.context(s, m))
+        self.outputs[(s, m)] = outputs
+        if tape is not None:
+            self.kept[(s, m)] = (tape, outputs, objective)
+        done = tf.nest.flatten(outputs)
+        return done + ([objective] if objective is not None else [])
+
+    def Gradients(self, s: int, m: int) -> tuple[list, list, dict]:
+        """(input grads, weight grads, extra grads) of stage s on micro-batch m."""
+        if (s, m) in self.kept:
+            tape, outputs, objective = self.kept.pop((s, m))
+        else:
+            tape, outputs, objective = self.Forward(s, m, self.context(s, m).Replay())
+        stage, flat_in = self.stages[s], tf.nest.flatten(self.Inputs(s, m))
+        if objective is not None:
+            targets, dys = [objective], None
+        else:
+            pairs = [
+                (o, dy)
+                for o, dy in zip(tf.nest.flatten(outputs), self.input_grads.pop((s + 1, m)))
+                if dy is not None and _IsFloat(o)
+            ]
+            targets, dys = [o for o, _ in pairs], [dy for _, dy in pairs]
+        in_pos = [i for i, x in enumerate(flat_in) if _IsFloat(x)]
+        w_pos = [i for i, w in enumerate(stage.weights) if _IsFloat(w)]
+        weights = [stage.weights[i] for i in w_pos]
+        extras = []
+        if objective is not None:  # variables the loss read, outside the stages
+            known = {w.ref() for w in weights if isinstance(w, tf.Variable)}
+            extras = [v for v in tape.watched_variables() if v.ref() not in known]
+        sources = [flat_in[i] for i in in_pos] + list(weights) + extras
+        grads = tape.gradient(
+            targets,
+            sources,
+            output_gradients=dys,
+            unconnected_gradients=tf.UnconnectedGradients.NONE,
+        )
+        input_grads = [None] * len(flat_in)
+        for i, g in zip(in_pos, grads):
+            input_grads[i] = g
+        n = len(in_pos) + len(weights)
+        weight_grads = [None] * len(stage.weights)
+        for i, g in zip(w_pos, grads[len(in_pos) : n]):
+            weight_grads[i] = _Dense(g)
+        extra_grads = {v.ref(): _Dense(g) for v, g in zip(extras, grads[n:])}
+        return input_grads, weight_grads, extra_grads
+
+    def Accumulate(self, s: int, weight_grads: list, extra_grads: dict) -> list:
+        self.sums[s] = [_Add(a, g) for a, g in zip(self.sums[s], weight_grads)]
+        for ref, g in extra_grads.items():
+            self.extra[ref] = _Add(self.extra.get(ref), g)
+        return [g for g in self.sums[s] if g is not None] + [
+            g for g in self.extra.values() if g is not None
+        ]
+
+    def DoBackward(self, s: int, m: int) -> list:
+        ctx = self.context(s, m)
+        input_grads, weight_grads, extra_grads = self.Gradients(s, m)
+        self.input_grads[(s, m)] = ctx.annotate(input_grads)
+        return [g for g in self.input_grads[(s, m)] if g is not None] + self.Accumulate(
+            s, ctx.annotate(weight_grads), extra_grads
+        )
+
+    def DoBackwardInput(self, s: int, m: int) -> list:
+        ctx = self.context(s, m)
+        graph = None if self.eager else tf.compat.v1.get_default_graph()
+        first = 0 if graph is None else len(graph.get_operations())
+        input_grads, weight_grads, extra_grads = self.Gradients(s, m)
+        held = []
+        if graph is not None:
+            held = _WeightOnlyOps(
+                graph.get_operations()[first:],
+                [g for g in input_grads if g is not None],
+                [g for g in weight_grads + list(extra_grads.values()) if g is not None],
+            )
+        self.input_grads[(s, m)] = ctx.annotate(input_grads)
+        self.pending[(s, m)] = (ctx.annotate(weight_grads), extra_grads, held)
+        return [g for g in self.input_grads[(s, m)] if g is not None]
+
+    def DoBackwardWeight(self, s: int, m: int, after: Sequence[Any]) -> list:
+        weight_grads, extra_grads, held = self.pending.pop((s, m))
+        gates = [t.op for t in after if hasattr(t, "op")]
+        for op in held:
+            for gate in gates:
+                op._add_control_input(gate)  # noqa: SLF001 (W waits for its turn)
+        return self.Accumulate(s, weight_grads, extra_grads)
+
+
+def _Ancestors(tensors: list, within: set) -> set:
+    seen, todo = set(), [t.op for t in tensors]
+    while todo:
+        op = todo.pop()
+        if op in seen or op not in within:
+            continue
+        seen.add(op)
+        todo.extend(t.op for t in op.inputs)
+        todo.extend(op.control_inputs)
+    return seen
+
+
+def _WeightOnlyOps(created: list, input_grads: list, weight_grads: list) -> list:
+    """The ops among `created` that the weight gradients need and the input gradients do not."""
+    within = set(created)
+    needed_for_inputs = _Ancestors(input_grads, within)
+    return [op for op in _Ancestors(weight_grads, within) if op not in needed_for_inputs]
+
+
+def Run(
+    sched: Schedule,
+    stages: Sequence[Stage],
+    micro_inputs: Sequence[Any],
+    loss_fn: Callable[[Any, Any], NestedMap],
+    micro_loss_inputs: Sequence[Any],
+    keep: Callable[[int, int], bool],
+    context: Callable[[int, int], StageContext],
+) -> Result:
+    """Runs `sched` (see the module docstring).
+
+    Args:
+      sched: the schedule; sched.num_stages == len(stages).
+      stages: what each stage runs, with its weights.
+      micro_inputs: the first stage's inputs, one structure per micro-batch.
+      loss_fn: (last stage's outputs, loss inputs) of a micro-batch -> NestedMap of
+        (value, weight) metrics with 'loss', run on the last stage.
+      micro_loss_inputs: loss_fn's second argument, one per micro-batch.
+      keep: whether stage s keeps micro-batch m's activations (else it recomputes).
+      context: the StageContext of stage s on micro-batch m.
+    """
+    step = _Step(sched, stages, micro_inputs, loss_fn, micro_loss_inputs, keep, context)
+    chain: list[list] = [[] for _ in range(sched.num_devices)]
+    for a in simulate.Simulate(sched).order:
+        s, m, d = a.stage, a.micro_batch, sched.DeviceOf(a.stage)
+        ctx = context(s, m)
+        after = [] if step.eager else chain[d]
+        with (
+            tf.device(ctx.device),
+            tf.name_scope(f"{a.kind}_s{s}_mb{m}"),
+            tf.control_dependencies(after),
+        ):
+            if a.kind == FORWARD:
+                done = step.DoForward(s, m)
+            elif a.kind == BACKWARD_INPUT:
+                done = step.DoBackwardInput(s, m)
+            elif a.kind == BACKWARD_WEIGHT:
+                done = step.DoBackwardWeight(s, m, after)
+            else:
+                done = step.DoBackward(s, m)
+        chain[d] = done or chain[d]
+    return _Finish(step, context)
+
+
+def _Finish(step: _Step, context: Callable[[int, int], StageContext]) -> Result:
+    """Weighted means of the metrics; every gradient scaled by 1 / the total loss weight."""
+    last = step.sched.num_stages - 1
+    with tf.device(context(last, 0).device), tf.name_scope("metrics"):
+        metrics = NestedMap()
+        for name in step.metrics[0]:
+            pairs = [mm[name] for mm in step.metrics]
+            weights = [tf.cast(w, tf.float32) for _, w in pairs]
+            total = tf.add_n(weights)
+            weighted = tf.add_n([tf.cast(v, tf.float32) * w for (v, _), w in zip(pairs, weights)])
+            metrics[name] = (tf.math.divide_no_nan(weighted, total), total)
+        scale = tf.math.divide_no_nan(1.0, metrics.loss[1])
+
+    def Scaled(g: Any, device: str) -> Any:
+        if g is None:
+            return None
+        with tf.device(device):
+            return g * tf.cast(scale, g.dtype)
+
+    weight_grads = []
+    for s, sums in enumerate(step.sums):
+        device = context(s, 0).device
+        with tf.name_scope(f"scale_s{s}"):
+            weight_grads.append([Scaled(g, device) for g in sums])
+    first = context(0, 0).device
+    input_grads = [
+        [Scaled(g, first) for g in step.input_grads.pop((0, m))]
+        for m in range(step.sched.num_micro_batches)
+    ]
+    extra = {ref: Scaled(g, ref.deref().device) for ref, g in step.extra.items()}
+    return Result(metrics, weight_grads, input_grads, extra)

@@ -1,0 +1,225 @@
+"""Simulating a schedule: validation, makespan, bubble, alive micro-batches, the grid.
+
+Each device runs its actions in order; an action starts when its device is free
+and the actions it needs are done:
+
+    F s m   needs F s-1 m                   (the previous stage's output)
+    B s m   needs F s m and B s+1 m         (its forward; the gradient of its output)
+    I s m   as B
+    W s m   needs I s m
+
+`Simulate` rejects a schedule that is malformed (an action on the wrong device,
+a micro-batch run twice or never) or that can deadlock, naming the first action
+that cannot run and showing the grid up to there. Costs are per kind, in time
+units: by default a forward, an input gradient and a weight gradient cost 1 each,
+so a whole backward B costs 2.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from lingpipe.pipeline.schedule import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    KINDS,
+    Action,
+    Schedule,
+    ScheduleError,
+)
+
+DEFAULT_COSTS = {FORWARD: 1.0, BACKWARD: 2.0, BACKWARD_INPUT: 1.0, BACKWARD_WEIGHT: 1.0}
+
+
+@dataclasses.dataclass
+class Simulation:
+    """When each action runs, and what that gives.
+
+    Attributes:
+      start, end: {action: time}.
+      makespan: the end of the last action.
+      idle_share: per device, the share of the makespan it waits.
+      peak_alive: per stage, the most micro-batches whose forward has started and
+        whose backward (W for zero bubble) has not ended, at any time.
+      order: every action in the order it starts (ties: by device), a valid order
+        to create them in.
+    """
+
+    start: dict[Action, float]
+    end: dict[Action, float]
+    makespan: float
+    idle_share: list[float]
+    peak_alive: list[int]
+    order: list[Action]
+
+    @property
+    def bubble(self) -> float:
+        """The mean idle share over the devices."""
+        return sum(self.idle_share) / len(self.idle_share)
+
+
+def _CheckStructure(s: Schedule) -> None:
+    """Every action on its stage's device; per stage and micro-batch one F and one B
+    (or one I and one W)."""
+    seen: collections.Counter = collections.Counter()
+    for d, acts in enumerate(s.device_actions):
+        for a in acts:
+            if a.kind not in KINDS or not 0 <= a.stage < s.num_stages:
+                raise ScheduleError(
+                    f"schedule {s.name!r}: device {d} has {a}, expected a kind in {KINDS} "
+                    f"and a stage in 0..{s.num_stages - 1}"
+                )
+            if not 0 <= a.micro_batch < s.num_micro_batches:
+                raise ScheduleError(
+                    f"schedule {s.name!r}: device {d} has {a}, expected a micro-batch in "
+                    f"0..{s.num_micro_batches - 1}"
+                )
+            if s.DeviceOf(a.stage) != d:
+                raise ScheduleError(
+                    f"schedule {s.name!r}: {a} is listed on device {d}, but stage {a.stage} "
+                    f"lives on device {s.DeviceOf(a.stage)}"
+                )
+            seen[a] += 1
+    for stage in range(s.num_stages):
+        for m in range(s.num_micro_batches):
+            f, b = Action(FORWARD, stage, m), Action(BACKWARD, stage, m)
+            i, w = Action(BACKWARD_INPUT, stage, m), Action(BACKWARD_WEIGHT, stage, m)
+            ok = seen[f] == 1 and (
+                (seen[b] == 1 and not seen[i] and not seen[w])
+                or (not seen[b] and seen[i] == 1 and seen[w] == 1)
+            )
+            if not ok:
+                counts = ", ".join(f"{x}: {seen[x]}" for x in (f, b, i, w))
+                raise ScheduleError(
+                    f"schedule {s.name!r}: stage {stage} micro-batch {m} needs one F and one "
+                    f"B (or one I and one W), received {counts}"
+                )
+
+
+def Dependencies(s: Schedule, a: Action, kinds: dict[tuple[int, int], str]) -> list[Action]:
+    """The actions `a` waits for; `kinds[(stage, m)]` is that backward's kind (B or I)."""
+    if a.kind == FORWARD:
+        return [Action(FORWARD, a.stage - 1, a.micro_batch)] if a.stage > 0 else []
+    if a.kind == BACKWARD_WEIGHT:
+        return [Action(BACKWARD_INPUT, a.stage, a.micro_batch)]
+    deps = [Action(FORWARD, a.stage, a.micro_batch)]
+    if a.stage < s.num_stages - 1:
+        nxt = (a.stage + 1, a.micro_batch)
+        deps.append(Action(kinds[nxt], *nxt))
+    return deps
+
+
+def Simulate(s: Schedule, costs: dict[str, float] | None = None) -> Simulation:
+    """Runs `s` in simulated time (see the module docstring).
+
+    Raises:
+      ScheduleError: malformed, or an action can never run (deadlock).
+    """
+    _CheckStructure(s)
+    costs = dict(DEFAULT_COSTS, **(costs or {}))
+    kinds = {
+        (a.stage, a.micro_batch): a.kind
+        for acts in s.device_actions
+        for a in acts
+        if a.kind in (BACKWARD, BACKWARD_INPUT)
+    }
+    start: dict[Action, float] = {}
+    end: dict[Action, float] = {}
+    free = [0.0] * s.num_devices
+    heads = [0] * s.num_devices
+    order: list[Action] = []
+    while len(end) < sum(len(a) for a in s.device_actions):
+        moved = False
+        for d, acts in enumerate(s.device_actions):
+            while heads[d] < len(acts):
+                a = acts[heads[d]]
+                deps = Dependencies(s, a, kinds)
+                if any(x not in end for x in deps):
+                    break
+                start[a] = max([free[d]] + [end[x] for x in deps])
+                end[a] = free[d] = start[a] + costs[a.kind]
+                order.append(a)
+                heads[d] += 1
+                moved = True
+        if not moved:
+            _RaiseDeadlock(s, kinds, heads, start, end)
+    makespan = max(end.values(), default=0.0)
+    busy = [sum(costs[a.kind] for a in acts) for acts in s.device_actions]
+    idle = [1.0 - b / makespan if makespan else 0.0 for b in busy]
+    order.sort(key=lambda a: (start[a], s.DeviceOf(a.stage)))
+    return Simulation(start, end, makespan, idle, _PeakAlive(s, start, end), order)
+
+
+def _RaiseDeadlock(s, kinds, heads, start, end) -> None:
+    blocked = []
+    for d, acts in enumerate(s.device_actions):
+        if heads[d] < len(acts):
+            a = acts[heads[d]]
+            missing = [str(x) for x in Dependencies(s, a, kinds) if x not in end]
+            blocked.append(f"device {d}'s next action {a} waits for {', '.join(missing)}")
+    partial = Simulation(start, end, max(end.values(), default=0.0), [], [], [])
+    raise ScheduleError(
+        f"schedule {s.name!r} deadlocks: {blocked[0]}, which can never run before it"
+        + "".join(f"; {b}" for b in blocked[1:])
+        + f". What ran:\n{Grid(s, partial)}"
+    )
+
+
+def _PeakAlive(s: Schedule, start: dict, end: dict) -> list[int]:
+    peaks = []
+    for stage in range(s.num_stages):
+        events = []
+        for m in range(s.num_micro_batches):
+            last = Action(BACKWARD, stage, m)
+            if last not in end:
+                last = Action(BACKWARD_WEIGHT, stage, m)
+            events += [(start[Action(FORWARD, stage, m)], 1), (end[last], -1)]
+        alive = peak = 0
+        for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+            alive += delta
+            peak = max(peak, alive)
+        peaks.append(peak)
+    return peaks
+
+
+def _Label(s: Schedule, a: Action) -> str:
+    label = f"{a.kind}{a.micro_batch}"
+    return label if s.num_virtual_stages == 1 else f"{label}.{a.stage // s.num_devices}"
+
+
+def Grid(s: Schedule, sim: Simulation) -> str:
+    """One row per device, one column per time unit: `F3` forward of micro-batch 3
+    (`F3.1` on the device's chunk 1 when interleaved), `~` the rest of a longer
+    action, `.` idle."""
+    width = max([len(_Label(s, a)) for acts in s.device_actions for a in acts] + [2])
+    slots = int(round(sim.makespan))
+    lines = ["      " + " ".join(f"{t:>{width}}" for t in range(slots))]
+    for d, acts in enumerate(s.device_actions):
+        row = ["." * 1] * slots
+        for a in acts:
+            if a not in sim.start:
+                continue
+            t0, t1 = int(round(sim.start[a])), int(round(sim.end[a]))
+            for t in range(t0, min(t1, slots)):
+                row[t] = _Label(s, a) if t == t0 else "~"
+        lines.append(f"dev {d:<2}" + " ".join(f"{c:>{width}}" for c in row))
+    return "\n".join(lines)
+
+
+def Figures(s: Schedule, sim: Simulation) -> str:
+    """The makespan, each device's idle share and each stage's peak alive micro-batches."""
+    lines = [
+        f"schedule {s.name}: K={s.num_devices} devices, {s.num_stages} stages, "
+        f"M={s.num_micro_batches} micro-batches",
+        f"makespan {sim.makespan:g} time units (F=1, I=W=1, B=2); bubble {sim.bubble:.1%}",
+    ]
+    for d in range(s.num_devices):
+        stages = s.StagesOf(d)
+        peaks = ", ".join(f"s{st}: {sim.peak_alive[st]}" for st in stages)
+        lines.append(
+            f"  device {d}: idle {sim.idle_share[d]:.1%}; peak alive micro-batches {peaks}"
+        )
+    return "\n".join(lines)
