@@ -287,12 +287,27 @@ def main(argv: list[str]) -> int:
 
 
 def Run() -> None:
-    """Entry point of `python -m lingpipe.trainer` and the `lingpipe-trainer` command."""
+    """Entry point of `python -m lingpipe.trainer` and the `lingpipe-trainer` command.
+
+    Exits 2 with one line on a bad flag (absl alone exits 1 with two), 0 after --help.
+    """
     # --help lists the main module's flags; for the installed command that module
     # is the launcher script, so these flags are registered as its own.
     for flag in FLAGS.get_flags_for_module(__name__):
         FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    app.run(lambda argv: sys.exit(main(argv)))
+
+    def ParseFlags(argv: list[str]) -> list[str]:
+        try:
+            return FLAGS(argv)
+        except flags.Error as e:
+            print(f"lingpipe.trainer: error: {e} (see --help)", file=sys.stderr)
+            sys.exit(2)
+        except SystemExit as e:
+            # Parsing exits by itself only once --help (or --helpfull) has printed
+            # the help: a success.
+            sys.exit(0 if e.code == 1 else e.code)
+
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=ParseFlags)
 
 
 if __name__ == "__main__":
