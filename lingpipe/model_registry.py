@@ -16,6 +16,18 @@ family's module on demand, so the trainer needs no list of imports:
     p.input                       # the input params of the class's Train()
     task = p.Instantiate()
 
+Your own models: write a `params` package of your own (a folder `params/` with an
+`__init__.py` and one module per family, e.g. `params/mymodels.py` registering
+`MyLm`, key 'mymodels.MyLm') in the directory you run `python -m lingpipe.trainer`
+from, or in a directory on PYTHONPATH (the `lingpipe-trainer` command does not
+search the working directory, as Python never does for installed commands).
+Python imports the first `params` on sys.path, so yours hides the installed one;
+the registry then puts lingpipe's own `params` directory (installed beside the
+`lingpipe` package) first on the package's `__path__`. So lingpipe's families
+always resolve and cannot be replaced, yours resolve after them, and your modules
+may import ours (`from params import lm`) to derive from them. A family module of
+yours named like one of ours (`params/lm.py`) is an error that names both files.
+
 Errors name what was asked for and what exists: an unknown key lists close matches
 and the family's registered keys, an unknown family the modules of `params`, an
 unknown dataset the class's datasets.
@@ -25,8 +37,11 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import pkgutil
+import types
 
+import lingpipe
 from lingpipe import hyperparams
 from lingpipe.models import base_model_params
 
@@ -78,9 +93,52 @@ def RegisterSingleTaskModel(cls: type) -> type:
     return cls
 
 
+def _BuiltinDir() -> str:
+    """lingpipe's own `params` directory: installed beside the `lingpipe` package."""
+    return os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(lingpipe.__file__))), _PACKAGE
+    )
+
+
+def _Package() -> types.ModuleType:
+    """The `params` package, with lingpipe's own directory first on its path.
+
+    Whichever `params` Python imported (a user's in the working directory hides the
+    installed one), lingpipe's families are then found, and found first.
+    """
+    package = importlib.import_module(_PACKAGE)
+    builtin = _BuiltinDir()
+    path = package.__path__
+    if not any(os.path.realpath(d) == os.path.realpath(builtin) for d in path):
+        if isinstance(path, list):
+            path.insert(0, builtin)
+        else:  # A namespace package's path, which Python may recompute: make it fixed.
+            package.__path__ = [builtin, *path]
+    return package
+
+
+def _CheckDefinedOnce(family: str, package: types.ModuleType) -> None:
+    """Raises if the family's top module is in two directories of the package's path."""
+    top = family.split(".")[0]
+    found, seen = [], set()
+    for directory in package.__path__:
+        if os.path.realpath(directory) in seen:  # The same folder listed twice.
+            continue
+        seen.add(os.path.realpath(directory))
+        for candidate in (os.path.join(directory, f"{top}.py"), os.path.join(directory, top)):
+            if os.path.isfile(candidate) or os.path.isfile(os.path.join(candidate, "__init__.py")):
+                found.append(candidate)
+                break
+    if len(found) > 1:
+        raise ValueError(
+            f"Model family {top!r} is defined twice: {found[0]} and {found[1]}; only the first "
+            "is read, so rename the other module (a family's keys are '<module>.<ClassName>')"
+        )
+
+
 def _FamilyModules() -> list[str]:
     """Names of the families in the `params` package: its modules, 'lm', 'mt.wmt', ..."""
-    package = importlib.import_module(_PACKAGE)
+    package = _Package()
     return sorted(
         info.name[len(_PACKAGE) + 1 :]
         for info in pkgutil.walk_packages(package.__path__, prefix=_PACKAGE + ".")
@@ -90,6 +148,7 @@ def _FamilyModules() -> list[str]:
 def _ImportFamily(family: str, key: str | None = None) -> None:
     """Imports params.<family>, which registers its classes."""
     module = f"{_PACKAGE}.{family}"
+    _CheckDefinedOnce(family, _Package())
     try:
         importlib.import_module(module)
     except ModuleNotFoundError as e:
@@ -103,8 +162,21 @@ def _ImportFamily(family: str, key: str | None = None) -> None:
         hint = f" Did you mean: {close}?" if close else ""
         raise ValueError(
             f"Unknown model family {family!r}{asked}: there is no module {module}.{hint} "
-            f"Known families: {known}"
+            f"Known families: {known}{_UnsearchedHint()}"
         ) from None
+
+
+def _UnsearchedHint() -> str:
+    """A note when the working directory has a `params/` that is not searched."""
+    local = os.path.realpath(_PACKAGE)
+    if not os.path.isdir(local):
+        return ""
+    if any(os.path.realpath(d) == local for d in _Package().__path__):
+        return ""
+    return (
+        f". {local} is not searched: run python -m lingpipe.trainer from "
+        f"{os.path.dirname(local)}, or put that directory on PYTHONPATH"
+    )
 
 
 def GetClass(key: str) -> type:

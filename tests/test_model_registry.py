@@ -1,7 +1,9 @@
 """model_registry: keys, on-demand import of families, datasets, and every error."""
 
 import os
+import subprocess
 import sys
+import types
 
 import pytest
 
@@ -18,20 +20,26 @@ TINY_KEYS = [
 ]
 
 
-def _ForgetTestModules():
-    for name in ("testfam", "brokenfam"):
-        sys.modules.pop(f"params.{name}", None)
-        params.__dict__.pop(name, None)
+def _ParamsModules() -> dict:
+    return {k: v for k, v in sys.modules.items() if k == "params" or k.startswith("params.")}
 
 
 @pytest.fixture(autouse=True)
 def _registry(monkeypatch):
-    """An empty registry, and tests/registry_params/ as part of the `params` package."""
+    """An empty registry, and tests/registry_params/ as part of the `params` package.
+
+    Family modules imported here register into this empty registry only, so they are
+    forgotten afterwards: a later test importing them again registers their classes.
+    """
     monkeypatch.setattr(model_registry, "_MODELS", {})
     monkeypatch.setattr(params, "__path__", [*params.__path__, FAMILY_DIR])
-    _ForgetTestModules()
+    saved = _ParamsModules()
     yield
-    _ForgetTestModules()
+    for name in _ParamsModules():
+        if name not in saved:
+            del sys.modules[name]
+            params.__dict__.pop(name.split(".")[1], None)
+    sys.modules.update(saved)
 
 
 def _ClassIn(module: str, name: str) -> type:
@@ -187,3 +195,114 @@ def test_train_and_task_must_be_defined():
         bare.Train()
     with pytest.raises(TypeError, match=r"^Bare must define Task\(self\), returning the task"):
         bare.Task()
+
+
+# ---- a user's own `params` package -----------------------------------------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_FAMILY = """
+from lingpipe import model_registry
+from params import lm
+
+
+@model_registry.RegisterSingleTaskModel
+class MyLm(lm.TransformerLmTiny):
+    def Task(self):
+        return super().Task().Set(model_dims=32)
+"""
+
+
+def _UserParams(root, **modules):
+    """A `params` package under `root` holding `modules` ({name: source})."""
+    package = root / "params"
+    package.mkdir()
+    (package / "__init__.py").write_text('"""A user\'s own model params."""\n')
+    for name, source in modules.items():
+        (package / f"{name}.py").write_text(source)
+    return package
+
+
+@pytest.fixture
+def shadowed_params(tmp_path):
+    """Makes `params` a user's package, as `python -m` in a directory holding one does.
+
+    The autouse fixture puts the real package and its modules back afterwards.
+    """
+    for name in _ParamsModules():
+        del sys.modules[name]
+
+    def Shadow(**modules):
+        package = types.ModuleType("params")
+        package.__path__ = [str(_UserParams(tmp_path, **modules))]
+        sys.modules["params"] = package
+        return package
+
+    return Shadow
+
+
+def test_a_users_params_package_adds_to_the_built_in_families(shadowed_params):
+    package = shadowed_params(userfam=USER_FAMILY)
+    keys = model_registry.ListKeys()
+    assert {"lm.TransformerLmTiny", "userfam.MyLm", "mt.TransformerEncDecTiny"} <= set(keys)
+    assert model_registry.GetParams("userfam.MyLm", "Train").model_dims == 32
+    assert package.__path__[0] == os.path.join(REPO, "params")  # Ours first: never hidden.
+
+
+def test_a_user_family_named_like_a_built_in_one_is_an_error(shadowed_params):
+    package = shadowed_params(lm="")
+    with pytest.raises(ValueError) as e:
+        model_registry.GetClass("lm.TransformerLmTiny")
+    assert str(e.value) == (
+        "Model family 'lm' is defined twice: "
+        f"{os.path.join(REPO, 'params', 'lm.py')} and "
+        f"{os.path.join(package.__path__[-1], 'lm.py')}; only the first is read, so rename "
+        "the other module (a family's keys are '<module>.<ClassName>')"
+    )
+
+
+def test_the_trainer_finds_built_in_and_user_models_beside_a_users_params(tmp_path):
+    """The trainer, run in a directory holding a user's `params`, as from a regular install.
+
+    `python -c` puts the working directory first on sys.path, as `python -m` does; the
+    script drops the editable install's finder and puts a copy of the installed layout
+    (`lingpipe/` beside `params/`) behind it, so the user's package hides ours.
+    """
+    _UserParams(tmp_path, mine=USER_FAMILY)
+    site = tmp_path / "site"
+    site.mkdir()
+    for name in ("lingpipe", "params"):
+        os.symlink(os.path.join(REPO, name), site / name)
+    script = (
+        "import sys; site = sys.argv.pop(1); "
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in str(f)]; "
+        "sys.path.insert(1, site); "
+        "from lingpipe import model_registry; "
+        "print(model_registry.GetClass('lm.TransformerLmTiny').__module__); "
+        "from lingpipe import trainer; trainer.Run()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(site), "--model=mine.MyLm", "--mode=inspect_params"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""),
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "params.lm"
+    assert "cls : lingpipe.models.lm.TransformerLm" in lines
+    assert "model_dims : 32" in lines
+
+
+def test_an_unsearched_params_in_the_working_directory_is_named(tmp_path, monkeypatch):
+    """The installed command's sys.path lacks the working directory, unlike python -m."""
+    local = os.path.realpath(_UserParams(tmp_path, mine=USER_FAMILY))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as e:
+        model_registry.GetClass("mine.MyLm")
+    assert str(e.value).endswith(
+        f"Known families: {model_registry._FamilyModules()}. {local} is not searched: run "
+        f"python -m lingpipe.trainer from {os.path.dirname(local)}, or put that directory "
+        "on PYTHONPATH"
+    )
