@@ -11,13 +11,24 @@ params), params_diff.txt (where they differ from the registered model),
 checkpoints/, summaries for TensorBoard in train/ and eval_<dataset>/, and
 eval_<dataset>.json with the latest evaluation.
 
-Exit status: 0 done, 1 training failed (non-finite loss, unreadable checkpoints),
-2 bad command line or params (the message says what was expected).
+One run at a time per logdir: the chief holds the lock `lingpipe.lock` there (its
+host, pid and start time) for the whole run; a second run on the same logdir is
+refused. SIGTERM or Ctrl-C (SIGINT) ends the current step, saves a checkpoint and
+exits with status 3; rerunning the same command resumes from it. A rerun of a run
+that reached max_steps completes its final evaluation if that did not happen, and
+otherwise says there is nothing to do. The logdir may be any path TensorFlow's
+file system knows (local, gs://, ram://).
+
+Exit status: 0 done, 1 training failed (non-finite loss or weights, unreadable
+checkpoints, a file of the run that cannot be written), 2 bad command line or
+params, or the logdir is in use by another run (the message says what was
+expected), 3 stopped by SIGTERM or SIGINT after saving a checkpoint (rerun to
+resume), 130 interrupted before anything could be saved (a second Ctrl-C).
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 import sys
 
 from absl import app, flags, logging
@@ -108,6 +119,48 @@ def _NonNegative(name: str) -> int:
     return value
 
 
+def _Overrides() -> startup.Overrides:
+    """What the flags change in the registered params."""
+    return startup.Overrides(
+        params_file=FLAGS.params_file,
+        params_override=FLAGS.params_override,
+        max_steps=FLAGS.max_steps,
+        num_stages=FLAGS.num_stages,
+        num_micro_batches=FLAGS.num_micro_batches,
+        seed=FLAGS.seed,
+    )
+
+
+def _Logdir() -> str | None:
+    """The checked --logdir (nothing created yet); None for --mode=inspect_model."""
+    if FLAGS.mode == "inspect_model":
+        return None
+    if FLAGS.logdir is None:
+        raise startup.UsageError(
+            f"--logdir is required for --mode={FLAGS.mode}: the directory for "
+            "checkpoints, summaries and results"
+        )
+    return startup.CheckLogdir(FLAGS.logdir)
+
+
+def _Intervals():
+    """The train loop's intervals from the flags, checked."""
+    from lingpipe.runners import train_loop
+
+    if FLAGS.max_checkpoints_to_keep < 1:
+        raise startup.UsageError(
+            f"--max_checkpoints_to_keep: expected an integer >= 1, received "
+            f"{FLAGS.max_checkpoints_to_keep}"
+        )
+    return train_loop.Intervals(
+        log_steps=_NonNegative("log_interval_steps"),
+        summary_steps=_NonNegative("summary_interval_steps"),
+        checkpoint_steps=_NonNegative("checkpoint_interval_steps"),
+        eval_steps=_NonNegative("eval_interval_steps"),
+        progress_seconds=FLAGS.progress_interval_seconds,
+    )
+
+
 def _SetUpDevices(num_stages: int) -> None:
     """Logical CPU devices and threads; must run before TensorFlow initializes."""
     import tensorflow as tf
@@ -132,48 +185,11 @@ def _SetUpDevices(num_stages: int) -> None:
             raise startup.UsageError(f"--logical_devices={FLAGS.logical_devices}: {e}") from None
 
 
-def _BuildTask(params):
-    try:
-        return params.Instantiate()
-    except ValueError as e:
-        raise startup.UsageError(f"cannot build the model {FLAGS.model}: {e}") from None
+def _BuildTasks(resolved: startup.ResolvedParams):
+    """Sets up the devices, builds the strategy's layout and its copies of the task.
 
-
-def _Run() -> int:
-    from lingpipe.runners import checkpointer, evaler, inspect_model, train_loop
-
-    overrides = startup.Overrides(
-        params_file=FLAGS.params_file,
-        params_override=FLAGS.params_override,
-        max_steps=FLAGS.max_steps,
-        num_stages=FLAGS.num_stages,
-        num_micro_batches=FLAGS.num_micro_batches,
-        seed=FLAGS.seed,
-    )
-    resolved = startup.ResolveParams(FLAGS.model, overrides)
-    if FLAGS.mode == "inspect_params":
-        print(resolved.task.ToText(), end="")
-        return 0
-    logdir = None
-    if FLAGS.mode != "inspect_model":
-        if FLAGS.logdir is None:
-            raise startup.UsageError(
-                f"--logdir is required for --mode={FLAGS.mode}: the directory for "
-                "checkpoints, summaries and results"
-            )
-        logdir = startup.CheckLogdir(FLAGS.logdir)
-    intervals = train_loop.Intervals(
-        log_steps=_NonNegative("log_interval_steps"),
-        summary_steps=_NonNegative("summary_interval_steps"),
-        checkpoint_steps=_NonNegative("checkpoint_interval_steps"),
-        eval_steps=_NonNegative("eval_interval_steps"),
-        progress_seconds=FLAGS.progress_interval_seconds,
-    )
-    if FLAGS.max_checkpoints_to_keep < 1:
-        raise startup.UsageError(
-            f"--max_checkpoints_to_keep: expected an integer >= 1, received "
-            f"{FLAGS.max_checkpoints_to_keep}"
-        )
+    Returns (layout, tasks).
+    """
     num_stages = resolved.task.num_stages if "num_stages" in resolved.task else 1
     _SetUpDevices(num_stages)
     import tensorflow as tf
@@ -188,78 +204,95 @@ def _Run() -> int:
         FLAGS.strategy, num_stages, tpu=FLAGS.tpu, collective_timeout_s=FLAGS.collective_timeout_s
     )
     logging.info("%s", layout.Describe())
-    tasks = layout.BuildTasks(lambda: _BuildTask(resolved.task))
-    task = tasks[0]
-    if FLAGS.mode == "inspect_model":
-        print(inspect_model.Describe(task))
-        return 0
-    for path, report in inspect_model.PipelineReports(task):
-        logging.info("Pipeline %s:\n%s", path, report)
-    micro = resolved.task.num_micro_batches if "num_micro_batches" in resolved.task else 1
-    logging.info("%s", layout.BatchPlan(resolved.task.input.batch_size, micro))
 
-    if layout.is_chief:
-        os.makedirs(logdir, exist_ok=True)
-        text, diff = startup.WriteParams(logdir, resolved)
-        logging.info("Params of %s:\n%s", resolved.key, text)
-        logging.info("Where they differ from the registered model:\n%s", diff or "(nowhere)\n")
+    def Build():
+        try:
+            return resolved.task.Instantiate()
+        except ValueError as e:
+            raise startup.UsageError(f"cannot build the model {FLAGS.model}: {e}") from None
 
-    evalers = []
-    for dataset in resolved.eval_datasets:
-        eval_input = resolved.EvalTaskParams(dataset).input.Instantiate()
-        layout.BatchPlan(eval_input.params.batch_size, micro)
-        evalers.append(
-            evaler.Evaler(
-                tasks,
-                layout.strategy,
-                eval_input,
-                dataset,
-                logdir,
-                resolved.key,
-                is_chief=layout.is_chief,
-                num_workers=layout.num_workers,
-                replica_context=layout.StageContext(),
-            )
-        )
-    ckpt_dir = os.path.join(logdir, "checkpoints")
+    return layout, layout.BuildTasks(Build)
 
-    if FLAGS.mode == "eval":
-        step = checkpointer.RestoreLatest(ckpt_dir, tasks)
-        if step is None:
-            raise startup.UsageError(
-                f"--mode=eval: no checkpoint in {ckpt_dir}; train first (--mode=train)"
-            )
-        for e in evalers:
-            e.Evaluate(step)
-        return 0
+
+def _WriteParams(logdir: str, resolved: startup.ResolvedParams) -> None:
+    """Creates the logdir and writes params.txt and params_diff.txt (the chief only)."""
+    import tensorflow as tf
+
+    tf.io.gfile.makedirs(logdir)
+    text, diff = startup.WriteParams(logdir, resolved)
+    logging.info("Params of %s:\n%s", resolved.key, text)
+    logging.info("Where they differ from the registered model:\n%s", diff or "(nowhere)\n")
+
+
+def _Evaluate(tasks: list, plan) -> int:
+    """--mode=eval: evaluates the newest readable checkpoint on every eval dataset."""
+    from lingpipe.runners import checkpointer
+
+    step = checkpointer.RestoreLatest(plan.checkpoint_dir, tasks)
+    for evaler in plan.evalers:
+        evaler.Evaluate(step)
+    return 0
+
+
+def _Train(layout, tasks: list, plan, logdir: str, intervals) -> int:
+    """Trains to train.max_steps from the newest checkpoint, evaluating as the mode says."""
+    from lingpipe.runners import train_loop
 
     layout.CreateOptimizers(tasks)
 
     def Evaluate(step: int) -> None:
-        for e in evalers:
-            e.Evaluate(step)
+        for evaler in plan.evalers:
+            evaler.Evaluate(step)
 
-    trainer = train_loop.Trainer(
+    trainer = layout.MakeTrainer(
         tasks,
-        layout.strategy,
-        task.CreateInputGenerator(),
+        plan.train_input,
         logdir,
-        intervals,
-        evaluate=Evaluate if FLAGS.mode == "train_and_eval" else None,
-        checkpoint_dir=ckpt_dir,
+        intervals=intervals,
+        evaluate=Evaluate if plan.evalers else None,
+        checkpoint_dir=plan.checkpoint_dir,
         max_to_keep=FLAGS.max_checkpoints_to_keep,
-        is_chief=layout.is_chief,
-        apply_in_replica=layout.distributes_variables,
-        replica_context=layout.StageContext(),
     )
-    metrics = trainer.Train()
+    from lingpipe.runners.evaler import Results as EvalResults
+
+    trainer.Train()
     logging.info(
         "Done at step %d: %s; weights fingerprint %s",
         trainer.global_step,
-        metrics,
-        train_loop.Fingerprint(task),
+        EvalResults(logdir, [e.dataset for e in plan.evalers]),
+        train_loop.Fingerprint(tasks[0]),
     )
     return 0
+
+
+def _Run(scope: contextlib.ExitStack) -> int:
+    """Resolves the params, builds and checks everything the mode needs, and only then
+    writes the params to the logdir and runs the mode."""
+    from lingpipe.runners import inspect_model, preflight
+
+    resolved = startup.ResolveParams(FLAGS.model, _Overrides())
+    if FLAGS.mode == "inspect_params":
+        print(resolved.task.ToText(), end="")
+        return 0
+    logdir = _Logdir()
+    intervals = _Intervals()
+    layout, tasks = _BuildTasks(resolved)
+    if FLAGS.mode == "inspect_model":
+        print(inspect_model.Describe(tasks[0]))
+        return 0
+    plan = preflight.Prepare(resolved, layout, tasks, logdir, FLAGS.mode)
+    for path, report in inspect_model.PipelineReports(tasks[0]):
+        logging.info("Pipeline %s:\n%s", path, report)
+    if plan.batch_plan:
+        logging.info("%s", plan.batch_plan)
+    if layout.is_chief:
+        from lingpipe.runners import rundir
+
+        scope.enter_context(rundir.LogdirLock(logdir))  # Held to the end of the run.
+        _WriteParams(logdir, resolved)
+    if FLAGS.mode == "eval":
+        return _Evaluate(tasks, plan)
+    return _Train(layout, tasks, plan, logdir, intervals)
 
 
 def main(argv: list[str]) -> int:
@@ -270,20 +303,31 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    from lingpipe.runners import checkpointer, train_loop
+    from lingpipe.runners import checkpointer, rundir, train_loop
 
     try:
-        return _Run()
-    except startup.UsageError as e:
+        with contextlib.ExitStack() as scope:
+            return _Run(scope)
+    except (startup.UsageError, rundir.LogdirLockedError) as e:
         print(f"lingpipe.trainer: error: {e}", file=sys.stderr)
         return 2
     except (
         train_loop.NonFiniteError,
         train_loop.ClusterError,
         checkpointer.CheckpointError,
+        rundir.LogdirWriteError,
     ) as e:
         print(f"lingpipe.trainer: error: {e}", file=sys.stderr)
         return 1
+    except train_loop.Stopped as e:
+        print(f"lingpipe.trainer: {e}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print(
+            "lingpipe.trainer: interrupted; nothing was saved after the newest checkpoint",
+            file=sys.stderr,
+        )
+        return 130
 
 
 def Run() -> None:

@@ -1,7 +1,8 @@
 """The `tf.distribute` strategy of a run and the devices of each replica's pipeline.
 
 GPipe runs model parallelism inside a replica (a pipeline of K stages on K
-devices) and data parallelism across replicas. A `Layout` says both:
+devices) and data parallelism across replicas. A `Layout` says both, one class
+per strategy (`BuildLayout(name, ...)` picks it):
 
     default        one replica on this host; its stages on the first K devices.
     mirrored       MirroredStrategy: this host's D devices in D // K groups of K, one
@@ -22,8 +23,6 @@ a mirrored variable's copies do.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -34,15 +33,41 @@ from lingpipe import cluster
 from lingpipe.runners import startup
 
 
-@dataclasses.dataclass
 class Layout:
-    """A strategy and the stage devices of this host's replicas."""
+    """A strategy and the stage devices of this host's replicas: the base of the layouts.
 
-    name: str
-    strategy: tf.distribute.Strategy
-    groups: list[list[str]]  # groups[r][k]: device of stage k of local replica r
-    num_workers: int = 1
-    worker_index: int = 0
+    A layout builds what differs between strategies: the task copies, their
+    optimizers, the train step's Trainer and the Evalers, and a trace of one
+    replica's forward that checks the input's shapes against the model.
+
+    Args:
+      strategy: the `tf.distribute` strategy that runs the replicas.
+      groups: groups[r][k] is the device of stage k of local replica r.
+      num_workers, worker_index: the hosts of the run and this one's index.
+    """
+
+    name = ""
+
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        groups: list[list[str]],
+        num_workers: int = 1,
+        worker_index: int = 0,
+    ) -> None:
+        self.strategy = strategy
+        self.groups = groups
+        self.num_workers = num_workers
+        self.worker_index = worker_index
+
+    @classmethod
+    def Build(cls, num_stages: int, tpu: str | None, collective_timeout_s: float | None) -> Layout:
+        """The layout of `num_stages`-stage replicas over this host's devices.
+
+        Raises:
+          startup.UsageError: too few devices, no TF_CONFIG, no TPU.
+        """
+        raise NotImplementedError(f"{cls.__name__} must define Build")
 
     @property
     def is_chief(self) -> bool:
@@ -50,17 +75,17 @@ class Layout:
         return self.worker_index == 0
 
     @property
+    def num_replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    @property
     def distributes_variables(self) -> bool:
         """Whether one task's variables are distributed by the strategy (TPU), rather
         than each local replica having its own copy of the task."""
-        return self.name == "tpu"
+        return False
 
     def BuildTasks(self, build: Callable[[], Any]) -> list:
-        """The local replicas' tasks: `build()` once per device group, or once under the
-        strategy's scope when it distributes the variables."""
-        if self.distributes_variables:
-            with self.strategy.scope(), cluster.ReplicaDevices(self.groups[0]):
-                return [build()]
+        """The local replicas' tasks: `build()` once per device group."""
         tasks = []
         for group in self.groups:
             with cluster.ReplicaDevices(group):
@@ -68,27 +93,59 @@ class Layout:
         return tasks
 
     def CreateOptimizers(self, tasks: list) -> None:
-        with self.strategy.scope() if self.distributes_variables else contextlib.nullcontext():
-            for task in tasks:
-                task.CreateOptimizer()
+        for task in tasks:
+            task.CreateOptimizer()
 
     def StageContext(self) -> Callable[[], Any] | None:
-        """On TPU, a factory of the context that puts stage k on logical core k; else None."""
-        if self.name != "tpu":
-            return None
-        from lingpipe import tpu as tpu_lib
-        from lingpipe.pipeline import placement
+        """A factory of the context entered around each replica's forward and backward."""
+        return None
 
-        strategy, devices = self.strategy, self.groups[0]
+    def InputContext(self) -> tf.distribute.InputContext:
+        """What `distribute_datasets_from_function` tells this worker's input pipeline."""
+        return tf.distribute.InputContext(
+            num_input_pipelines=self.num_workers,
+            input_pipeline_id=self.worker_index,
+            num_replicas_in_sync=self.num_replicas,
+        )
 
-        def Assign(tensor: tf.Tensor, core: int) -> tf.Tensor:
-            return tpu_lib.AssignToStage(strategy, tensor, core)
+    def TraceForward(self, task, element_spec: Any) -> None:
+        """Traces one replica's `task.FProp` on batches of `element_spec`; nothing runs.
 
-        return lambda: placement.LogicalCores(Assign, devices)
+        The layers raise ValueError where the shapes do not fit the model.
+        """
+        fprop = tf.function(lambda batch: task.FProp(task.theta, batch), autograph=False)
+        fprop.get_concrete_function(element_spec)
 
-    @property
-    def num_replicas(self) -> int:
-        return self.strategy.num_replicas_in_sync
+    def MakeTrainer(self, tasks: list, train_input, logdir: str, **kwargs: Any):
+        """The train loop of `tasks` (see train_loop.Trainer for `kwargs`)."""
+        from lingpipe.runners import train_loop
+
+        return train_loop.Trainer(
+            tasks,
+            self.strategy,
+            train_input,
+            logdir,
+            is_chief=self.is_chief,
+            apply_in_replica=self.distributes_variables,
+            replica_context=self.StageContext(),
+            **kwargs,
+        )
+
+    def MakeEvaler(self, tasks: list, eval_input, dataset: str, logdir: str, model_key: str):
+        """The evaluation of `tasks` on `eval_input` (see evaler.Evaler)."""
+        from lingpipe.runners import evaler
+
+        return evaler.Evaler(
+            tasks,
+            self.strategy,
+            eval_input,
+            dataset,
+            logdir,
+            model_key,
+            is_chief=self.is_chief,
+            num_workers=self.num_workers,
+            replica_context=self.StageContext(),
+        )
 
     def Describe(self) -> str:
         head = (
@@ -103,7 +160,8 @@ class Layout:
         """How the global batch splits over replicas and micro-batches.
 
         Raises:
-          startup.UsageError: the global batch is not divisible by the replicas.
+          startup.UsageError: the global batch is not divisible by the replicas, or a
+            replica's batch has fewer examples than micro-batches.
         """
         replicas = self.num_replicas
         if global_batch % replicas:
@@ -113,6 +171,12 @@ class Layout:
                 f"(e.g. {replicas * max(1, round(global_batch / replicas))})"
             )
         per_replica = global_batch // replicas
+        if num_micro_batches > per_replica:
+            raise startup.UsageError(
+                f"num_micro_batches={num_micro_batches}: expected at most the {per_replica} "
+                f"examples of a replica's batch (input.batch_size={global_batch} over "
+                f"{replicas} replica(s)); lower num_micro_batches or raise input.batch_size"
+            )
         base, extra = divmod(per_replica, num_micro_batches)
         sizes = f"{num_micro_batches} micro-batches of {base}"
         if extra:
@@ -122,6 +186,34 @@ class Layout:
             f"global batch {global_batch} = {replicas} replica(s) x {per_replica}; each "
             f"replica pipelines {sizes}"
         )
+
+
+class DefaultLayout(Layout):
+    """One replica on this host; its stages on the first K devices."""
+
+    name = "default"
+
+    @classmethod
+    def Build(cls, num_stages: int, tpu: str | None, collective_timeout_s: float | None) -> Layout:
+        try:
+            groups = [cluster.StageDevices(num_stages)]
+        except ValueError as e:
+            raise startup.UsageError(f"--num_stages={num_stages}: {e}") from None
+        return cls(tf.distribute.get_strategy(), groups)
+
+
+class MirroredLayout(Layout):
+    """MirroredStrategy over this host's devices in groups of K, one replica per group."""
+
+    name = "mirrored"
+
+    @classmethod
+    def Build(cls, num_stages: int, tpu: str | None, collective_timeout_s: float | None) -> Layout:
+        try:
+            groups = cluster.ReplicaDeviceGroups(num_stages)
+        except ValueError as e:
+            raise startup.UsageError(f"--strategy=mirrored: {e}") from None
+        return cls(tf.distribute.MirroredStrategy(devices=[g[0] for g in groups]), groups)
 
 
 def _Worker() -> tuple[int, int]:
@@ -167,31 +259,14 @@ class _LocalReplicasResolver(tf.distribute.cluster_resolver.TFConfigClusterResol
         return {"GPU": self._num_local_replicas}
 
 
-def BuildLayout(
-    name: str,
-    num_stages: int,
-    tpu: str | None = None,
-    collective_timeout_s: float | None = None,
-) -> Layout:
-    """The strategy `name` with this host's replica device groups (see the module docstring).
+class MultiWorkerLayout(Layout):
+    """MultiWorkerMirroredStrategy over the hosts of TF_CONFIG; each host runs its own
+    replicas over its local devices, as `mirrored` does."""
 
-    Raises:
-      startup.UsageError: unknown strategy, too few devices, no TF_CONFIG, no TPU.
-    """
-    if name == "default":
-        try:
-            groups = [cluster.StageDevices(num_stages)]
-        except ValueError as e:
-            raise startup.UsageError(f"--num_stages={num_stages}: {e}") from None
-        return Layout(name, tf.distribute.get_strategy(), groups)
-    if name == "mirrored":
-        try:
-            groups = cluster.ReplicaDeviceGroups(num_stages)
-        except ValueError as e:
-            raise startup.UsageError(f"--strategy=mirrored: {e}") from None
-        strategy = tf.distribute.MirroredStrategy(devices=[g[0] for g in groups])
-        return Layout(name, strategy, groups)
-    if name == "multi_worker":
+    name = "multi_worker"
+
+    @classmethod
+    def Build(cls, num_stages: int, tpu: str | None, collective_timeout_s: float | None) -> Layout:
         num_workers, index = _Worker()
         # The strategy configures collective ops, which must happen before TensorFlow
         # initializes its devices: build it before listing any logical device.
@@ -217,8 +292,20 @@ def BuildLayout(
                 groups = [cluster.StageDevices(num_stages)]
         except ValueError as e:
             raise startup.UsageError(f"--strategy=multi_worker: {e}") from None
-        return Layout(name, strategy, groups, num_workers=num_workers, worker_index=index)
-    if name == "tpu":
+        return cls(strategy, groups, num_workers=num_workers, worker_index=index)
+
+
+class TpuLayout(Layout):
+    """TPUStrategy with a DeviceAssignment of K cores per replica (lingpipe.tpu).
+
+    One task, built under the strategy's scope: the strategy distributes its
+    variables, and each replica applies the reduced gradients itself.
+    """
+
+    name = "tpu"
+
+    @classmethod
+    def Build(cls, num_stages: int, tpu: str | None, collective_timeout_s: float | None) -> Layout:
         from lingpipe import tpu as tpu_lib
 
         try:
@@ -229,7 +316,61 @@ def BuildLayout(
             [c.tpu_device for c in tpu_lib.StageCores(assignment, r)]
             for r in range(assignment.num_replicas)
         ]
-        return Layout(name, strategy, groups)
-    raise startup.UsageError(
-        f"--strategy={name}: expected one of default, mirrored, multi_worker, tpu"
-    )
+        return cls(strategy, groups)
+
+    @property
+    def distributes_variables(self) -> bool:
+        return True
+
+    def BuildTasks(self, build: Callable[[], Any]) -> list:
+        """One task, built under the strategy's scope on the first replica's cores."""
+        with self.strategy.scope(), cluster.ReplicaDevices(self.groups[0]):
+            return [build()]
+
+    def CreateOptimizers(self, tasks: list) -> None:
+        with self.strategy.scope():
+            super().CreateOptimizers(tasks)
+
+    def StageContext(self) -> Callable[[], Any] | None:
+        """A factory of the context that puts stage k on logical core k."""
+        from lingpipe import tpu as tpu_lib
+        from lingpipe.pipeline import placement
+
+        strategy, devices = self.strategy, self.groups[0]
+
+        def Assign(tensor: tf.Tensor, core: int) -> tf.Tensor:
+            return tpu_lib.AssignToStage(strategy, tensor, core)
+
+        return lambda: placement.LogicalCores(Assign, devices)
+
+    def TraceForward(self, task, element_spec: Any) -> None:
+        """Traces the forward inside a replica, where the stages' core assignment works."""
+        context = self.StageContext()
+
+        def Replica(batch):
+            with context():
+                return task.FProp(task.theta, batch)
+
+        step = tf.function(lambda batch: self.strategy.run(Replica, args=(batch,)), autograph=False)
+        step.get_concrete_function(element_spec)
+
+
+LAYOUTS = {
+    layout.name: layout for layout in (DefaultLayout, MirroredLayout, MultiWorkerLayout, TpuLayout)
+}
+
+
+def BuildLayout(
+    name: str,
+    num_stages: int,
+    tpu: str | None = None,
+    collective_timeout_s: float | None = None,
+) -> Layout:
+    """The layout `name` with this host's replica device groups (see the module docstring).
+
+    Raises:
+      startup.UsageError: unknown strategy, too few devices, no TF_CONFIG, no TPU.
+    """
+    if name not in LAYOUTS:
+        raise startup.UsageError(f"--strategy={name}: expected one of {', '.join(LAYOUTS)}")
+    return LAYOUTS[name].Build(num_stages, tpu, collective_timeout_s)

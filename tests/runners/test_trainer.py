@@ -247,6 +247,11 @@ def test_inspect_params_prints_the_overridden_params():
             r"input.batch_size to a multiple of 3",
         ),
         (["positional"], r"unexpected arguments \['positional'\]"),
+        (
+            ["--params_override=input.seq_len : 128"],
+            r"the Train input's batches \(ids: \[32, 128\].* do not fit the model: "
+            r"lm/pipeline/cell_0: expected sequences of at most max_len=64 tokens",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(tmp_path, flags, message):

@@ -1,0 +1,225 @@
+"""Everything a run needs, built and checked before anything is written.
+
+    plan = preflight.Prepare(resolved, layout, tasks, logdir, mode)
+
+builds the inputs the mode reads and the evaluators, and checks:
+
+- each input's batches against the model: the replicas and micro-batches the
+  global batch splits into (`Layout.BatchPlan`), then a trace of one replica's
+  forward on the shapes of its batches (`Layout.TraceForward`; nothing runs), in
+  which the layers' own checks (a sequence longer than `max_len`, a
+  micro-batch count above the batch) raise;
+- when the logdir holds checkpoints, that the newest readable one was written by
+  this model: the same variables with the same shapes (`tf.train.load_checkpoint`),
+  saying which variable changed otherwise;
+- in `--mode=eval`, that there is a checkpoint to evaluate.
+
+Every failure is a `startup.UsageError` (the trainer prints one line and exits with
+status 2), raised before the first byte reaches the logdir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import tensorflow as tf
+
+from lingpipe import hyperparams
+from lingpipe.nested_map import NestedMap
+from lingpipe.runners import startup, strategies
+
+CHECKPOINT_SUBDIR = "checkpoints"
+_VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+@dataclasses.dataclass
+class Plan:
+    """What the checks built; the run starts from here."""
+
+    checkpoint_dir: str
+    checkpoint: str | None  # the newest readable checkpoint, or None for a fresh run
+    train_input: Any = None  # None in --mode=eval
+    batch_plan: str = ""  # how the training batch splits over replicas and micro-batches
+    evalers: list = dataclasses.field(default_factory=list)
+
+
+def Prepare(
+    resolved: startup.ResolvedParams,
+    layout: strategies.Layout,
+    tasks: list,
+    logdir: str,
+    mode: str,
+) -> Plan:
+    """Builds and checks what `mode` needs (see the module docstring); writes nothing.
+
+    Raises:
+      startup.UsageError: an input cannot be built or does not fit the model, the
+        checkpoint was written by another model, or there is nothing to evaluate.
+    """
+    checkpoint_dir = f"{logdir}/{CHECKPOINT_SUBDIR}"
+    plan = Plan(checkpoint_dir, CheckCheckpoint(checkpoint_dir, tasks[0], logdir))
+    if mode == "eval" and plan.checkpoint is None:
+        raise startup.UsageError(
+            f"--mode=eval: no checkpoint in {checkpoint_dir}; train first (--mode=train)"
+        )
+    micro = NumMicroBatches(resolved.task)
+    traced: set[str] = set()
+    if mode != "eval":
+        plan.train_input = BuildInput(resolved.task.input, "Train")
+        plan.batch_plan = CheckBatches(layout, tasks[0], plan.train_input, micro, "Train", traced)
+    if mode in ("eval", "train_and_eval"):
+        for dataset in resolved.eval_datasets:
+            eval_input = BuildInput(resolved.EvalTaskParams(dataset).input, dataset)
+            CheckBatches(layout, tasks[0], eval_input, micro, dataset, traced)
+            try:
+                evaler = layout.MakeEvaler(tasks, eval_input, dataset, logdir, resolved.key)
+            except ValueError as e:
+                raise startup.UsageError(f"the {dataset} evaluation: {e}") from None
+            plan.evalers.append(evaler)
+    return plan
+
+
+def NumMicroBatches(task_params: hyperparams.Params) -> int:
+    """The task's micro-batches per replica batch (1 for a task that does not pipeline)."""
+    return task_params.num_micro_batches if "num_micro_batches" in task_params else 1
+
+
+def BuildInput(params: hyperparams.InstantiableParams | None, dataset: str) -> Any:
+    """Instantiates the input generator of `dataset`; UsageError if it cannot be built."""
+    if params is None:
+        raise startup.UsageError(
+            f"the task has no input params for {dataset}; expected the registered model "
+            "to set them (model_registry.GetParams(key, dataset).input)"
+        )
+    try:
+        return params.Instantiate()
+    except ValueError as e:
+        raise startup.UsageError(f"the {dataset} input cannot be built: {e}") from None
+
+
+def _Shapes(spec: Any) -> str:
+    """'ids: [32, 64], labels: [32, 64]' of a structure of TensorSpecs."""
+    if isinstance(spec, NestedMap):
+        items = spec.FlattenItems()
+    else:
+        items = list(enumerate(tf.nest.flatten(spec)))
+    return ", ".join(f"{path}: {s.shape.as_list()}" for path, s in items)
+
+
+def CheckBatches(
+    layout: strategies.Layout,
+    task: Any,
+    input_generator: Any,
+    num_micro_batches: int,
+    dataset: str,
+    traced: set[str],
+) -> str:
+    """Checks `input_generator`'s batches against the layout and the model.
+
+    Traces the forward once per distinct batch signature (`traced` holds those
+    already traced). Returns the batch plan (how the batch splits).
+    """
+    batch_plan = layout.BatchPlan(input_generator.params.batch_size, num_micro_batches)
+    try:
+        spec = input_generator.GetDataset(layout.InputContext()).element_spec
+    except ValueError as e:
+        raise startup.UsageError(f"the {dataset} input: {e}") from None
+    signature = repr(spec)
+    if signature in traced:
+        return batch_plan
+    try:
+        layout.TraceForward(task, spec)
+    except ValueError as e:
+        raise startup.UsageError(
+            f"the {dataset} input's batches ({_Shapes(spec)} per replica) do not fit the model: {e}"
+        ) from None
+    traced.add(signature)
+    return batch_plan
+
+
+def ModelVariables(task: Any) -> dict[str, list[int]]:
+    """{checkpoint key: shape} of the task's variables, keys as in the trainer's
+    checkpoints ('task/pipeline/cell_0/emb/emb'), from TensorFlow's own object graph."""
+    root = tf.train.Checkpoint(task=task)
+    view = tf.train.TrackableView(root)
+    out = {}
+
+    def Walk(obj: Any, prefix: str) -> None:
+        for name, child in view.children(obj).items():
+            path = f"{prefix}/{name}" if prefix else name
+            if isinstance(child, tf.Variable):
+                out[path] = child.shape.as_list()
+            else:
+                Walk(child, path)
+
+    Walk(root, "")
+    return out
+
+
+def CheckpointVariables(path: str) -> dict[str, list[int]] | None:
+    """{key: shape} of the task's variables (not the optimizer's) in checkpoint `path`;
+    None if it cannot be read (the checkpointer then falls back or says why)."""
+    try:
+        shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    except (tf.errors.OpError, ValueError):
+        return None
+    return {
+        key[: -len(_VALUE_SUFFIX)]: list(shape)
+        for key, shape in shapes.items()
+        if key.startswith("task/")
+        and key.endswith(_VALUE_SUFFIX)
+        and not key.startswith("task/optimizer/")
+    }
+
+
+def _Candidates(checkpoint_dir: str) -> list[str]:
+    """The checkpoints of `checkpoint_dir`, newest first: those of its state file or,
+    without one, those whose index files are there."""
+    if not tf.io.gfile.isdir(checkpoint_dir):
+        return []
+    state = tf.train.get_checkpoint_state(checkpoint_dir)
+    if state is not None and state.all_model_checkpoint_paths:
+        return list(reversed(state.all_model_checkpoint_paths))
+    paths = [p[: -len(".index")] for p in tf.io.gfile.glob(f"{checkpoint_dir}/*.index")]
+    number = lambda p: int(m.group(1)) if (m := re.search(r"-(\d+)$", p)) else -1  # noqa: E731
+    return sorted(paths, key=number, reverse=True)
+
+
+def Differences(there: dict[str, list[int]], here: dict[str, list[int]]) -> list[str]:
+    """What differs between a checkpoint's variables (`there`) and the model's (`here`)."""
+    out = []
+    for key in sorted(set(there) | set(here)):
+        if key not in here:
+            out.append(f"{key} {there[key]} is there and not in this model")
+        elif key not in there:
+            out.append(f"{key} {here[key]} is in this model and not there")
+        elif there[key] != here[key]:
+            out.append(f"{key} has shape {there[key]} there and {here[key]} here")
+    return out
+
+
+def CheckCheckpoint(checkpoint_dir: str, task: Any, logdir: str) -> str | None:
+    """The newest readable checkpoint in `checkpoint_dir`, or the newest if none can be
+    read (the checkpointer then says why); None if there is none.
+
+    Raises:
+      startup.UsageError: it was written by a model with other variables or shapes.
+    """
+    candidates = _Candidates(checkpoint_dir)
+    for path in candidates:
+        there = CheckpointVariables(path)
+        if there is None:
+            continue
+        differences = Differences(there, ModelVariables(task))
+        if differences:
+            more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
+            raise startup.UsageError(
+                f"the checkpoint {path} was written by a different model: "
+                f"{differences[0]}{more}; use another --logdir or the checkpoint's params "
+                f"({logdir}/{startup.PARAMS_FILE})"
+            )
+        return path
+    # None can be read: the checkpointer says why when it restores.
+    return candidates[0] if candidates else None
