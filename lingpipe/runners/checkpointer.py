@@ -10,20 +10,76 @@
 corrupted, written by another model), it warns naming that checkpoint and the
 reason and tries the one before it, and so on; only when none can be read does it
 raise, naming each one and why. TensorFlow writes each checkpoint under a temporary
-name and renames it, and rewrites the `checkpoint` index file atomically, so a run
+name and renames it, and rewrites the `checkpoint` state file atomically, so a run
 killed while saving leaves the previous checkpoints intact.
+
+The checkpoints are found from the files themselves when the state file cannot be
+trusted: when `checkpoint` is missing, damaged, or older than the newest
+`ckpt-N.index` (a run killed between the two writes), the writer (`writable`, the
+chief) rebuilds it from the `ckpt-N.index` files with a warning, and a reader uses
+that list without writing. The writer also removes the `ckpt-N_temp*` leftovers of a
+run killed while saving. A checkpoint that cannot be written (full disk, no
+permission) raises `CheckpointError` naming the path and the reason.
 """
 
 from __future__ import annotations
 
+import logging as py_logging
+import os
+import re
 from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
+STATE_FILE = "checkpoint"
+_INDEX = re.compile(r"ckpt-(\d+)\.index$")
+
 
 class CheckpointError(RuntimeError):
-    """No checkpoint in the directory could be read."""
+    """No checkpoint in the directory could be read, or one could not be written."""
+
+
+class _DropShardingLines(py_logging.Filter):
+    """TensorFlow's saver logs 'Sharding callback duration' at INFO on every save."""
+
+    def filter(self, record: py_logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Sharding callback duration")
+
+
+_SHARDING_FILTER = _DropShardingLines()
+
+
+def _Step(path: str) -> int:
+    return int(path.rsplit("-", 1)[1])
+
+
+def FindCheckpoints(directory: str) -> list[str]:
+    """Paths of the checkpoints whose `ckpt-N.index` file is in `directory`, by step."""
+    found = []
+    for path in tf.io.gfile.glob(os.path.join(directory, "ckpt-*.index")):
+        match = _INDEX.search(os.path.basename(path))
+        if match:
+            found.append(os.path.join(directory, f"ckpt-{match.group(1)}"))
+    return sorted(found, key=_Step)
+
+
+def _ListedCheckpoints(directory: str) -> tuple[list[str] | None, str]:
+    """The checkpoints the state file lists, or None and why it cannot be trusted."""
+    state_path = os.path.join(directory, STATE_FILE)
+    if not tf.io.gfile.exists(state_path):
+        return None, f"{state_path} is missing"
+    tf_logger = tf.get_logger()
+    level = tf_logger.level
+    tf_logger.setLevel("ERROR")  # It would say only 'Checkpoint ignored'.
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+    finally:
+        tf_logger.setLevel(level)
+    if state is None or not state.model_checkpoint_path:
+        return None, f"{state_path} is damaged (not a checkpoint state)"
+    # get_checkpoint_state has joined relative paths to `directory` already.
+    return list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path], ""
 
 
 class Checkpointer:
@@ -35,12 +91,59 @@ class Checkpointer:
       **objects: the trackables to save, e.g. task=..., global_step=...
     """
 
-    def __init__(self, directory: str, max_to_keep: int = 5, **objects: Any) -> None:
+    def __init__(
+        self, directory: str, max_to_keep: int = 5, writable: bool = True, **objects: Any
+    ) -> None:
         self._directory = directory
+        self._writable = writable
+        logging.get_absl_logger().addFilter(_SHARDING_FILTER)
+        if writable:
+            self._RemoveTempLeftovers()
+        recovered = self._RecoverState()
         self._checkpoint = tf.train.Checkpoint(**objects)
         self._manager = tf.train.CheckpointManager(
             self._checkpoint, directory, max_to_keep=max_to_keep
         )
+        self._recovered = None if writable else recovered
+
+    def _RemoveTempLeftovers(self) -> None:
+        """Removes the `ckpt-N_temp*` files of a save that was killed halfway."""
+        for path in tf.io.gfile.glob(os.path.join(self._directory, "ckpt-*_temp*")):
+            logging.info("Removing %s, left by a run killed while saving a checkpoint", path)
+            if tf.io.gfile.isdir(path):
+                tf.io.gfile.rmtree(path)
+            else:
+                tf.io.gfile.remove(path)
+
+    def _RecoverState(self) -> list[str] | None:
+        """When the state file is missing, damaged or stale but `ckpt-N.index` files are
+        there: the checkpoints found, with a warning (and, if writable, a new state file)."""
+        found = FindCheckpoints(self._directory)
+        if not found:
+            return None
+        listed, why = _ListedCheckpoints(self._directory)
+        if listed is not None:
+            if _Step(listed[-1]) >= _Step(found[-1]):
+                return None
+            why = f"the newest checkpoint {found[-1]} is not in {STATE_FILE} (a run killed while saving)"
+        names = ", ".join(os.path.basename(p) for p in found)
+        if self._writable:
+            tf.__internal__.train.update_checkpoint_state(
+                self._directory,
+                os.path.basename(found[-1]),
+                [os.path.basename(p) for p in found],
+                save_relative_paths=True,
+                all_model_checkpoint_timestamps=[
+                    tf.io.gfile.stat(p + ".index").mtime_nsec / 1e9 for p in found
+                ],
+            )
+        logging.warning(
+            "%s; %s the checkpoint list from the checkpoint files: %s",
+            why,
+            "rebuilt" if self._writable else "read",
+            names,
+        )
+        return found
 
     @property
     def directory(self) -> str:
@@ -49,11 +152,14 @@ class Checkpointer:
     @property
     def checkpoints(self) -> list[str]:
         """Paths of the kept checkpoints, oldest first."""
+        if self._recovered is not None:
+            return list(self._recovered)
         return list(self._manager.checkpoints)
 
     @property
     def latest(self) -> str | None:
-        return self._manager.latest_checkpoint
+        found = self.checkpoints
+        return found[-1] if found else None
 
     def Restore(self) -> str | None:
         """Restores the newest readable checkpoint; returns its path, or None if there is none.
@@ -61,7 +167,7 @@ class Checkpointer:
         Raises:
           CheckpointError: there are checkpoints but none of them can be read.
         """
-        candidates = list(reversed(self._manager.checkpoints))
+        candidates = list(reversed(self.checkpoints))
         failures = []
         for path in candidates:
             try:
@@ -95,8 +201,22 @@ class Checkpointer:
         return None
 
     def Save(self, step: int) -> str:
-        """Writes checkpoint ckpt-<step>; returns its path."""
-        return self._manager.save(checkpoint_number=step)
+        """Writes checkpoint ckpt-<step>; returns its path.
+
+        Raises:
+          CheckpointError: it cannot be written (full disk, no permission, ...).
+        """
+        if not self._writable:
+            raise ValueError(f"Checkpointer({self._directory}): Save on a read-only checkpointer")
+        try:
+            return self._manager.save(checkpoint_number=step)
+        except (tf.errors.OpError, OSError) as e:
+            reason = getattr(e, "message", None) or getattr(e, "strerror", None) or str(e)
+            raise CheckpointError(
+                f"cannot write checkpoint {os.path.join(self._directory, f'ckpt-{step}')}: "
+                f"{reason.splitlines()[0]}. The previous checkpoints are intact (latest: "
+                f"{self.latest}); free space or fix {self._directory}, then rerun to resume"
+            ) from None
 
 
 def RestoreLatest(directory: str, tasks: list) -> int | None:
@@ -105,7 +225,8 @@ def RestoreLatest(directory: str, tasks: list) -> int | None:
     For evaluation: the optimizer's slots are left out. None if there is no checkpoint.
     """
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-    path = Checkpointer(directory, task=tasks[0], global_step=global_step).Restore()
+    reader = Checkpointer(directory, writable=False, task=tasks[0], global_step=global_step)
+    path = reader.Restore()
     if path is None:
         return None
     ReadTasks(path, tasks[1:])
