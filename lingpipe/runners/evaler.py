@@ -7,7 +7,9 @@ Each metric is averaged over the batches with its weight (the number of tokens o
 examples it was computed on), so the result does not depend on how the data was
 batched. At most `task.params.eval.samples_per_summary` examples are read (0: the
 whole split), and never more than the split holds. The results go to the
-summaries in logdir/eval_<dataset> and, as JSON, to logdir/eval_<dataset>.json.
+summaries in logdir/eval_<dataset> and, as JSON, to logdir/eval_<dataset>.json
+(through `tf.io.gfile`: any logdir TensorFlow can write). `Results(logdir)` reads
+the latest of them back, for the trainer's closing line.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import tensorflow as tf
 from absl import logging
 
 from lingpipe.models import base_task
-from lingpipe.runners import startup, train_loop
+from lingpipe.runners import rundir, train_loop
 
 
 class Evaler:
@@ -81,6 +83,10 @@ class Evaler:
         self._step = tf.function(Step, autograph=False)
 
     @property
+    def dataset(self) -> str:
+        return self._dataset
+
+    @property
     def json_path(self) -> str:
         return os.path.join(self._logdir, self._name + ".json")
 
@@ -121,7 +127,7 @@ class Evaler:
             "examples": examples,
             "metrics": metrics,
         }
-        startup.WriteAtomically(self.json_path, json.dumps(record, indent=2, sort_keys=True) + "\n")
+        rundir.WriteText(self.json_path, json.dumps(record, indent=2, sort_keys=True) + "\n")
         logging.info(
             "Eval %s at step %d over %d examples (%.1fs): %s",
             self._dataset,
@@ -131,3 +137,19 @@ class Evaler:
             " ".join(f"{k}={v:.6g}" for k, v in metrics.items()),
         )
         return metrics
+
+
+def Results(logdir: str, datasets: list[str]) -> str:
+    """The recorded evaluations of `datasets` in one line, e.g. 'Dev at step 40: loss=2.31
+    log_pplx=2.31; Test at step 40: ...', or 'no evaluation' when none was recorded."""
+    parts = []
+    for dataset in datasets:
+        path = os.path.join(logdir, f"eval_{dataset.lower()}.json")
+        try:
+            with tf.io.gfile.GFile(path) as f:
+                record = json.loads(f.read())
+            metrics = " ".join(f"{k}={v:.6g}" for k, v in sorted(record["metrics"].items()))
+            parts.append(f"{dataset} at step {record['step']}: {metrics}")
+        except (tf.errors.OpError, OSError, ValueError, KeyError, TypeError):
+            continue
+    return "; ".join(parts) if parts else "no evaluation"

@@ -11,8 +11,12 @@ Every `interval_s` it rewrites one line in place:
     step 120/400  loss 2.3141  4.1 steps/s  131 ex/s  ETA 1m08s
 
 When the stream is not a terminal it writes nothing (the trainer logs instead);
-`Update` still returns the line when one is due, and `ProgressLine` builds the
-same text, so a log can say exactly what the terminal shows.
+`Update` still returns the line when one is due, and `RateText(step)` gives its
+rate and ETA (averaged since the first step) for the trainer's log lines.
+
+The first step after Start traces and compiles the step function, which can take
+longer than hundreds of steps: rates and ETAs count only the steps after it, so the
+first line has none.
 """
 
 from __future__ import annotations
@@ -79,12 +83,21 @@ def ProgressLine(
     fields = [f"step {step}/{total}"]
     if loss is not None:
         fields.append(f"loss {float(loss):.4f}")
-    if steps_per_sec is not None and steps_per_sec > 0 and math.isfinite(steps_per_sec):
-        fields.append(_FormatRate(steps_per_sec))
-        if examples_per_sec is not None:
-            digits = 0 if examples_per_sec >= 10 else 1
-            fields.append(f"{examples_per_sec:.{digits}f} ex/s")
-        fields.append(f"ETA {FormatDuration(max(total - step, 0) / steps_per_sec)}")
+    rate = _RateFields(step, total, steps_per_sec, examples_per_sec)
+    return "  ".join(fields + ([rate] if rate else []))
+
+
+def _RateFields(
+    step: int, total: int, steps_per_sec: float | None, examples_per_sec: float | None
+) -> str:
+    """'4.1 steps/s  131 ex/s  ETA 1m08s', or '' without a positive rate."""
+    if steps_per_sec is None or not (steps_per_sec > 0 and math.isfinite(steps_per_sec)):
+        return ""
+    fields = [_FormatRate(steps_per_sec)]
+    if examples_per_sec is not None:
+        digits = 0 if examples_per_sec >= 10 else 1
+        fields.append(f"{examples_per_sec:.{digits}f} ex/s")
+    fields.append(f"ETA {FormatDuration(max(total - step, 0) / steps_per_sec)}")
     return "  ".join(fields)
 
 
@@ -124,6 +137,8 @@ class Progress:
         self._last_time = 0.0
         self._line_due = True  # the next Update draws, whatever the interval
         self._line_open = False  # a line was drawn and not ended with a newline
+        self._warming_up = True  # the next Update ends the first (tracing) step
+        self._origin: tuple[int, float] | None = None  # (step, time) rates count from
 
     @property
     def total_steps(self) -> int:
@@ -134,23 +149,29 @@ class Progress:
         self._last_step = int(step)
         self._last_time = self._clock()
         self._line_due = True
+        self._warming_up = True
+        self._origin = None
 
     def Update(
         self, step: int, loss: float | None, examples_per_step: int | None = None
     ) -> str | None:
         """Call after each step. Returns the progress line when one was due, else None.
 
-        The line is drawn only on a terminal. Without Start(), the first Update
-        starts timing at its own step (its line has no rate yet).
+        The line is drawn only on a terminal. The first Update after Start (or the
+        first without one) ends the tracing step: its line has no rate, and rates
+        count from it.
         """
         now = self._clock()
-        if self._last_step is None:
-            self._last_step, self._last_time = int(step), now
-        elapsed = now - self._last_time
-        if not self._line_due and elapsed < self._interval_s:
-            return None
-        steps = int(step) - self._last_step
-        rate = steps / elapsed if steps > 0 and elapsed > 0 else None
+        if self._warming_up:
+            self._warming_up = False
+            self._origin = (int(step), now)
+            rate = None
+        else:
+            elapsed = now - self._last_time
+            if not self._line_due and elapsed < self._interval_s:
+                return None
+            steps = int(step) - self._last_step
+            rate = steps / elapsed if steps > 0 and elapsed > 0 else None
         ex_rate = None if rate is None or examples_per_step is None else rate * examples_per_step
         line = ProgressLine(int(step), self._total, loss, rate, ex_rate)
         self._last_step, self._last_time = int(step), now
@@ -160,6 +181,16 @@ class Progress:
             self._stream.flush()
             self._line_open = True
         return line
+
+    def RateText(self, step: int, examples_per_step: int | None = None) -> str:
+        """'4.1 steps/s  131 ex/s  ETA 1m08s' averaged from the end of the first step to
+        `step` (now); '' until there is such a rate."""
+        if self._origin is None or int(step) <= self._origin[0]:
+            return ""
+        elapsed = self._clock() - self._origin[1]
+        rate = (int(step) - self._origin[0]) / elapsed if elapsed > 0 else None
+        ex_rate = None if rate is None or examples_per_step is None else rate * examples_per_step
+        return _RateFields(int(step), self._total, rate, ex_rate)
 
     def Close(self) -> None:
         """Ends the drawn line with a newline (once); a later Update starts a new line."""

@@ -23,10 +23,12 @@ import dataclasses
 import hashlib
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -34,7 +36,7 @@ from absl import logging
 
 from lingpipe.models import base_task
 from lingpipe.nested_map import NestedMap
-from lingpipe.runners import checkpointer, progress
+from lingpipe.runners import checkpointer, progress, rundir
 
 
 class NonFiniteError(RuntimeError):
@@ -122,10 +124,10 @@ def ReplicaTask(tasks: list, strategy: tf.distribute.Strategy):
     return tasks[int(replica_id) % len(tasks)]
 
 
-def _AllFinite(grads: list[tf.Tensor | None]) -> tf.Tensor:
-    """[num_grads] bools: whether each gradient is all finite (checked on its device)."""
+def _AllFinite(tensors: list[tf.Tensor | None]) -> tf.Tensor:
+    """[num_tensors] bools: whether each tensor is all finite (checked on its device)."""
     flags = []
-    for g in grads:
+    for g in tensors:
         if g is None:
             flags.append(tf.constant(True))
             continue
@@ -134,13 +136,33 @@ def _AllFinite(grads: list[tf.Tensor | None]) -> tf.Tensor:
     return tf.stack(flags)
 
 
+def _WeightsFinite(task: base_task.BaseTask) -> tf.Tensor:
+    """[num_weights] bools: whether each trainable weight is all finite, read (after the
+    update, which the function's automatic control dependencies order first) on its
+    own device."""
+    flags = []
+    for v in task.trainable_variables:
+        with tf.device(v.device):
+            flags.append(tf.reduce_all(tf.math.is_finite(v)))
+    return tf.stack(flags)
+
+
+def _AgreeToStop(stop: tf.Tensor, strategy: tf.distribute.Strategy) -> tf.Tensor:
+    """In a replica: whether any worker was asked to stop (workers must stop together,
+    or the others would wait for this one in the next step's all-reduce)."""
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync <= LocalReplicas(strategy):
+        return stop  # One worker: every replica saw the same signal.
+    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(stop, tf.float32)) > 0
+
+
 def MakeTrainStep(
     tasks: list[base_task.BaseTask],
     strategy: tf.distribute.Strategy,
     apply_in_replica: bool = False,
     replica_context: Callable[[], Any] | None = None,
 ) -> Callable:
-    """Returns step(iterator, step) -> (metrics, finite): one synchronous training step.
+    """Returns step(iterator, step, stop) -> StepResult: one synchronous training step.
 
     `tasks[r]` is local replica r's copy of the task (one task for one replica).
     Gradients are computed and reduced inside `strategy.run`; each copy then
@@ -149,43 +171,59 @@ def MakeTrainStep(
     on TPU) the task applies them inside the replica instead.
     `replica_context()`, if given, is entered around each replica's forward and
     backward (the TPU's logical-core placement).
-    `metrics` is a NestedMap of (value, weight) pairs, the same on every replica;
-    `finite[i]` says whether the reduced gradient of `tasks[0].trainable_variables[i]`
-    is all finite.
+    `stop` (a bool tensor) says whether this process was asked to stop; the result's
+    `stop` says whether any worker was.
     """
     if apply_in_replica and len(tasks) != 1:
         raise ValueError(
             f"MakeTrainStep: apply_in_replica needs one task, received {len(tasks)} copies"
         )
 
-    def ReplicaStep(batch: NestedMap, step: tf.Tensor):
+    def ReplicaStep(batch: NestedMap, step: tf.Tensor, stop: tf.Tensor):
         task = ReplicaTask(tasks, strategy)
         with replica_context() if replica_context else contextlib.nullcontext():
             metrics, grads = task.ComputeGradients(batch, step)
         metrics, grads = ReduceMetrics(metrics), ReduceGradients(grads)
-        finite = _AllFinite(grads)
+        finite, stop = _AllFinite(grads), _AgreeToStop(stop, strategy)
         if apply_in_replica:
             metrics.update(task.ApplyGradients(grads, step))
-            return metrics, finite, []
-        return metrics, finite, grads
+            return metrics, finite, _WeightsFinite(task), stop, []
+        return metrics, finite, tf.constant([True]), stop, grads
 
     # AutoGraph is off: it would only double the trace time of the pipeline's
     # Python loops, which must unroll anyway.
     @tf.function(autograph=False)
-    def Step(iterator, step):
+    def Step(iterator, step, stop=False):
         batch = next(iterator)
-        metrics, finite, grads = strategy.run(ReplicaStep, args=(batch, step))
+        out = strategy.run(ReplicaStep, args=(batch, step, tf.convert_to_tensor(stop, tf.bool)))
         first = lambda v: strategy.experimental_local_results(v)[0]  # noqa: E731
-        metrics, finite = tf.nest.map_structure(first, (metrics, finite))
+        metrics, finite, weights_finite, stop = tf.nest.map_structure(first, out[:4])
         if not apply_in_replica:
-            local_grads = [strategy.experimental_local_results(g) for g in grads]
+            local_grads = [strategy.experimental_local_results(g) for g in out[4]]
             for r, task in enumerate(tasks):
                 applied = task.ApplyGradients([g[r] for g in local_grads], step)
                 if r == 0:
                     metrics.update(applied)
-        return metrics, finite
+            weights_finite = _WeightsFinite(tasks[0])
+        return StepResult(metrics, finite, weights_finite, stop)
 
     return Step
+
+
+class StepResult(NamedTuple):
+    """What a training step returns.
+
+    metrics: NestedMap of (value, weight) pairs, the same on every replica.
+    grads_finite: [num_weights] bools: whether the reduced gradient of
+      `tasks[0].trainable_variables[i]` is all finite.
+    weights_finite: [num_weights] bools: whether weight i is all finite after the update.
+    stop: whether any worker was asked to stop (SIGTERM, SIGINT).
+    """
+
+    metrics: NestedMap
+    grads_finite: tf.Tensor
+    weights_finite: tf.Tensor
+    stop: tf.Tensor
 
 
 def Fingerprint(task: base_task.BaseTask) -> str:
@@ -201,6 +239,42 @@ def _Scalars(metrics: NestedMap) -> dict[str, float]:
     return {name: float(value) for name, (value, _) in sorted(metrics.items())}
 
 
+class Stopped(RuntimeError):
+    """Training stopped on SIGTERM or SIGINT after saving a checkpoint (the message says
+    which, at what step, and that rerunning the same command resumes)."""
+
+
+class StopSignals:
+    """While entered, SIGTERM and SIGINT ask the loop to stop after the current step.
+
+    A second signal of either kind gives up at once (KeyboardInterrupt). Outside the
+    main thread, where Python cannot set handlers, nothing is caught.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: str | None = None  # the name of the first signal
+        self._previous: dict[int, Any] = {}
+
+    def _Handle(self, signum: int, frame) -> None:
+        # Only a flag: logging here could deadlock on a lock the interrupted code holds.
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._previous[s] = signal.signal(s, self._Handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
+
+
 class Trainer:
     """Runs training steps with summaries, progress, checkpoints and evaluation.
 
@@ -209,13 +283,14 @@ class Trainer:
         its optimizer created; the first is the one checkpointed and restored into all.
       strategy: the `tf.distribute` strategy that runs the replicas.
       train_input: the training input generator (`batch_size` is the global batch).
-      logdir: where summaries (logdir/train) and checkpoints (logdir/checkpoints) go.
+      logdir: where summaries (logdir/train), checkpoints (logdir/checkpoints) and
+        the run's state (rundir.RUN_STATE_FILE) go; any `tf.io.gfile` path.
       intervals: how often to log, summarise, checkpoint and evaluate.
       evaluate: called with the step number at eval intervals and at the end.
       checkpoint_dir: where checkpoints go (default logdir/checkpoints).
       max_to_keep: how many of the newest checkpoints to keep.
-      is_chief: whether this process writes checkpoints and summaries; the other
-        workers of a multi-worker run only read the chief's checkpoints.
+      is_chief: whether this process writes checkpoints, summaries and the run state;
+        the other workers of a multi-worker run only read the chief's checkpoints.
       apply_in_replica, replica_context: see MakeTrainStep (TPU: one task whose
         variables the strategy distributes, stages annotated with logical cores).
     """
@@ -250,11 +325,16 @@ class Trainer:
         self._global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self._checkpointer = checkpointer.Checkpointer(
             checkpoint_dir or os.path.join(logdir, "checkpoints"),
-            task=self._task,
             max_to_keep=max_to_keep,
+            writable=is_chief,
+            task=self._task,
             global_step=self._global_step,
         )
         self._step_fn = MakeTrainStep(self._tasks, strategy, apply_in_replica, replica_context)
+        self._max_steps = self._task.params.train.max_steps
+        self._saved_step: int | None = None  # the newest checkpoint's step
+        self._evaluated_step: int | None = None
+        self._multi_worker = strategy.num_replicas_in_sync > LocalReplicas(strategy)
 
     @property
     def checkpointer(self) -> checkpointer.Checkpointer:
@@ -264,12 +344,54 @@ class Trainer:
     def global_step(self) -> int:
         return int(self._global_step.numpy())
 
-    def _Restore(self) -> str | None:
-        """Restores the newest readable checkpoint into every task copy."""
+    def _Restore(self) -> int:
+        """Restores the newest readable checkpoint into every task copy; returns its step."""
         path = self._checkpointer.Restore()
         if path is not None:
             checkpointer.ReadTasks(path, self._tasks[1:])
-        return path
+            logging.info(
+                "Resumed from %s at step %d of %d", path, self.global_step, self._max_steps
+            )
+            self._saved_step = self.global_step
+        return self.global_step
+
+    def _Record(self, status: str, message: str = "") -> None:
+        """The chief records the run's state (see rundir.RunState)."""
+        if not self._is_chief:
+            return
+        state = rundir.RunState(
+            status=status,
+            step=self._saved_step or 0,
+            max_steps=self._max_steps,
+            evaluated_step=self._evaluated_step,
+            message=message,
+        )
+        rundir.WriteRunState(self._logdir, state)
+
+    def _Evaluate(self, step: int, status: str) -> None:
+        self._evaluate(step)
+        self._evaluated_step = step
+        self._Record(status)
+
+    def _CompleteFinished(self, step: int) -> None:
+        """A rerun of a run that reached max_steps: evaluates if it was not, else says so."""
+        state = rundir.ReadRunState(self._logdir)
+        self._evaluated_step = state.evaluated_step if state else None
+        if self._evaluate is not None and self._evaluated_step != step:
+            logging.info(
+                "Training reached max_steps=%d, but the run ended before evaluating step %d: "
+                "evaluating it now",
+                self._max_steps,
+                step,
+            )
+            self._Evaluate(step, "trained")
+            return
+        logging.info(
+            "Nothing to do: the run already trained to step %d (max_steps=%d)%s",
+            step,
+            self._max_steps,
+            " and evaluated it" if self._evaluate is not None else "",
+        )
 
     def _Iterator(self, start_step: int):
         # Each input pipeline (one per worker) feeds its local replicas one batch each
@@ -281,91 +403,161 @@ class Trainer:
 
         return iter(self._strategy.distribute_datasets_from_function(DatasetFn))
 
-    def _CheckFinite(self, step: int, metrics: NestedMap, finite: np.ndarray) -> None:
-        loss = float(metrics.loss[0])
-        if math.isfinite(loss) and finite.all():
-            return
-        bad_vars = [v.name for v, ok in zip(self._task.trainable_variables, finite) if not bool(ok)]
+    def _RunStep(self, iterator, step: int, stop: bool) -> StepResult:
+        """Step `step` (1-based), with the results on the host as numpy."""
+        try:
+            result = self._step_fn(iterator, tf.constant(step - 1, tf.int64), tf.constant(stop))
+            return StepResult(
+                result.metrics,
+                result.grads_finite.numpy(),
+                result.weights_finite.numpy(),
+                bool(result.stop),
+            )
+        except _CLUSTER_ERRORS as e:
+            raise ClusterError(
+                f"Step {step} failed: {type(e).__name__}: {e.message.splitlines()[0]}. "
+                "A worker of the run is gone or unreachable. The checkpoints are "
+                f"intact (latest: {self._checkpointer.latest}); restart every worker with "
+                "the same command to resume from it."
+            ) from None
+
+    def _LastGood(self) -> str:
         last = self._checkpointer.latest
+        return f"checkpoint is {last}." if last else "state was never checkpointed."
+
+    def _CheckFinite(self, step: int, result: StepResult) -> None:
+        """Raises NonFiniteError, before anything of `step` is saved, if its loss, a
+        gradient or (after the update) a weight is not finite."""
+        loss, finite = float(result.metrics.loss[0]), result.grads_finite
+        names = [v.name for v in self._task.trainable_variables]
+        if not (math.isfinite(loss) and finite.all()):
+            bad = [n for n, ok in zip(names, finite) if not bool(ok)]
+            problem = (
+                f"the loss is {loss} and {len(bad)} of {len(finite)} gradients are not finite"
+                + (f"; the first is that of {bad[0]}" if bad else "")
+            )
+        elif not result.weights_finite.all():
+            bad = [n for n, ok in zip(names, result.weights_finite) if not bool(ok)]
+            problem = (
+                f"the update made {len(bad)} of {len(names)} weights non-finite; the first "
+                f"is {bad[0]} (learning rate {_Scalars(result.metrics).get('learning_rate')})"
+            )
+        else:
+            return
         raise NonFiniteError(
-            f"Step {step}: the loss is {loss} and {len(bad_vars)} of "
-            f"{len(finite)} gradients are not finite"
-            + (f"; the first is that of {bad_vars[0]}" if bad_vars else "")
-            + ". Training stopped before saving anything of this step; the last good "
-            + (f"checkpoint is {last}." if last else "state was never checkpointed.")
-            + " Lower train.learning_rate, set train.clip_gradient_norm_to_value, or "
-            "check the input."
+            f"Step {step}: {problem}. Training stopped before saving anything of this step; "
+            f"the last good {self._LastGood()} Lower train.learning_rate, set "
+            "train.clip_gradient_norm_to_value, or check the input."
+        )
+
+    def _Save(self, step: int) -> None:
+        if self._is_chief and self._saved_step != step:
+            logging.info("Saved %s", self._checkpointer.Save(step))
+        self._saved_step = step
+
+    def _Stop(self, step: int, signal_name: str) -> None:
+        """Saves step `step` and raises Stopped."""
+        self._Save(step)
+        name = signal_name or "another worker's signal"
+        self._Record("stopped", f"stopped by {name} at step {step}")
+        raise Stopped(
+            f"Stopped by {name} at step {step}; saved ckpt-{step}; rerun the same command to resume"
         )
 
     def Train(self) -> dict[str, float]:
         """Trains from the latest checkpoint (or from scratch) to train.max_steps.
 
-        Returns the last step's metrics (empty if there was nothing left to do).
+        Returns the last step's metrics (empty if there was nothing left to train). A
+        rerun of a run that reached max_steps only evaluates, if that was not done.
+
+        Raises:
+          NonFiniteError, ClusterError, Stopped, checkpointer.CheckpointError,
+          rundir.LogdirWriteError (see their docstrings).
         """
-        max_steps = self._task.params.train.max_steps
-        restored = self._Restore()
-        start = self.global_step
-        if restored:
-            logging.info("Resumed from %s at step %d of %d", restored, start, max_steps)
-        if start >= max_steps:
-            logging.info("Nothing to train: step %d already reached max_steps=%d", start, max_steps)
+        start = self._Restore()
+        if start >= self._max_steps:
+            self._CompleteFinished(start)
             return {}
-        iterator = self._Iterator(start)
-        writer = (
-            tf.summary.create_file_writer(os.path.join(self._logdir, "train"))
-            if self._is_chief
-            else tf.summary.create_noop_writer()
+        self._Record("running")
+        writer = _SummaryWriter(self._logdir, self._is_chief, self._input.params.batch_size)
+        bar = progress.Progress(
+            self._max_steps, stream=sys.stderr, interval_s=self._intervals.progress_seconds
         )
-        iv = self._intervals
-        batch_size = self._input.params.batch_size
-        bar = progress.Progress(max_steps, stream=sys.stderr, interval_s=iv.progress_seconds)
         bar.Start(start)
-        last_time, last_step, scalars = time.monotonic(), start, {}
         try:
-            for step in range(start + 1, max_steps + 1):
-                try:
-                    metrics, finite = self._step_fn(iterator, tf.constant(step - 1, tf.int64))
-                    finite = finite.numpy()
-                except _CLUSTER_ERRORS as e:
-                    last = self._checkpointer.latest
-                    raise ClusterError(
-                        f"Step {step} failed: {type(e).__name__}: {e.message.splitlines()[0]}. "
-                        "A worker of the run is gone or unreachable. The checkpoints are "
-                        f"intact (latest: {last}); restart every worker with the same command "
-                        "to resume from it."
-                    ) from None
-                self._CheckFinite(step, metrics, finite)
-                self._global_step.assign(step)
-                scalars = _Scalars(metrics)
-                bar.Update(step, scalars["loss"], examples_per_step=batch_size)
-                if iv.summary_steps and step % iv.summary_steps == 0 or step == max_steps:
-                    now = time.monotonic()
-                    rate = (step - last_step) / max(now - last_time, 1e-9)
-                    last_time, last_step = now, step
-                    with writer.as_default(step=step):
-                        for name, value in scalars.items():
-                            tf.summary.scalar(name, value)
-                        tf.summary.scalar("steps_per_sec", rate)
-                        tf.summary.scalar("examples_per_sec", rate * batch_size)
-                    writer.flush()
-                if iv.log_steps and step % iv.log_steps == 0:
-                    bar.Close()  # Log lines start on their own line, not after the bar.
-                    logging.info(
-                        "step %d/%d %s",
-                        step,
-                        max_steps,
-                        " ".join(f"{k}={v:.6g}" for k, v in scalars.items()),
-                    )
-                if iv.checkpoint_steps and step % iv.checkpoint_steps == 0 or step == max_steps:
-                    bar.Close()
-                    if self._is_chief:
-                        logging.info("Saved %s", self._checkpointer.Save(step))
-                if self._evaluate and (
-                    iv.eval_steps and step % iv.eval_steps == 0 or step == max_steps
-                ):
-                    bar.Close()
-                    self._evaluate(step)
+            with StopSignals() as signals:
+                return self._Loop(start, writer, bar, signals)
+        except NonFiniteError as e:
+            self._Record("failed", str(e))
+            raise
         finally:
             bar.Close()
-            writer.close()
+            writer.Close()
+
+    def _Loop(self, start: int, writer, bar: progress.Progress, signals: StopSignals) -> dict:
+        iterator = self._Iterator(start)
+        iv, scalars = self._intervals, {}
+        batch_size = self._input.params.batch_size
+        for step in range(start + 1, self._max_steps + 1):
+            result = self._RunStep(iterator, step, signals.received is not None)
+            self._CheckFinite(step, result)
+            self._global_step.assign(step)
+            if step == start + 1:
+                writer.StartRates(step)
+            scalars = _Scalars(result.metrics)
+            bar.Update(step, scalars["loss"], examples_per_step=batch_size)
+            last = step == self._max_steps
+            if iv.summary_steps and step % iv.summary_steps == 0 or last:
+                writer.Write(step, scalars)
+            if iv.log_steps and step % iv.log_steps == 0:
+                bar.Close()  # Log lines start on their own line, not after the bar.
+                metrics = " ".join(f"{k}={v:.6g}" for k, v in scalars.items())
+                rate = bar.RateText(step, batch_size)
+                logging.info("step %d/%d %s  %s", step, self._max_steps, metrics, rate)
+            if iv.checkpoint_steps and step % iv.checkpoint_steps == 0 or last:
+                bar.Close()
+                self._Save(step)
+            # With several workers all must stop after the same step: the one agreed
+            # in the step's all-reduce.
+            if result.stop or (signals.received and not self._multi_worker):
+                bar.Close()
+                self._Stop(step, signals.received)
+            if last:
+                self._Record("trained")
+            if self._evaluate and (iv.eval_steps and step % iv.eval_steps == 0 or last):
+                bar.Close()
+                self._Evaluate(step, "trained" if last else "running")
         return scalars
+
+
+class _SummaryWriter:
+    """The training summaries (chief only): metrics and rates, which count from the end of
+    the first step (its tracing would make the first rate meaningless)."""
+
+    def __init__(self, logdir: str, is_chief: bool, batch_size: int) -> None:
+        self._writer = (
+            tf.summary.create_file_writer(os.path.join(logdir, "train"))
+            if is_chief
+            else tf.summary.create_noop_writer()
+        )
+        self._batch_size = batch_size
+        self._last: tuple[int, float] | None = None
+
+    def StartRates(self, step: int) -> None:
+        """Rates count from now, the end of step `step` (the run's first)."""
+        self._last = (step, time.monotonic())
+
+    def Write(self, step: int, scalars: dict[str, float]) -> None:
+        now = time.monotonic()
+        with self._writer.as_default(step=step):
+            for name, value in scalars.items():
+                tf.summary.scalar(name, value)
+            if self._last is not None and step > self._last[0]:
+                rate = (step - self._last[0]) / max(now - self._last[1], 1e-9)
+                tf.summary.scalar("steps_per_sec", rate)
+                tf.summary.scalar("examples_per_sec", rate * self._batch_size)
+        self._writer.flush()
+        self._last = (step, now)
+
+    def Close(self) -> None:
+        self._writer.close()

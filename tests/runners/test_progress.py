@@ -92,13 +92,13 @@ def test_interval_must_be_non_negative():
         Progress(10, interval_s=-1)
 
 
-def test_draws_first_update_then_every_interval():
+def test_draws_first_update_then_every_interval_and_the_tracing_step_has_no_eta():
     progress, stream, clock = MakeProgress(interval_s=5.0)
     progress.Start(0)
     clock.now += 2.0
     first = progress.Update(1, 5.5, examples_per_step=32)
-    # One step in 2 s (the first step traces the graph, so it is slow).
-    assert first == "step 1/400  loss 5.5000  2.0 s/step  16 ex/s  ETA 13m18s"
+    # The first step traces the graph: 2 s that say nothing of the rate to come.
+    assert first == "step 1/400  loss 5.5000"
     assert stream.getvalue() == f"\r{first}\x1b[K"
     for step in range(2, 11):
         clock.now += 0.5
@@ -124,7 +124,7 @@ def test_not_a_terminal_writes_nothing():
     assert stream.getvalue() == ""
     # The lines are still returned when due, for the trainer's log.
     assert lines == [
-        "step 1/400  loss 1.0000  2.0 steps/s  ETA 3m20s",
+        "step 1/400  loss 1.0000",
         None,
         "step 3/400  loss 1.0000  2.0 steps/s  ETA 3m19s",
         None,
@@ -143,12 +143,30 @@ def test_is_tty_defaults_to_the_stream():
 
 
 def test_resumed_run_counts_only_its_own_steps():
-    progress, stream, clock = MakeProgress(total=400)
+    progress, stream, clock = MakeProgress(total=400, interval_s=0.0)
     progress.Start(300)  # the checkpoint's step
+    clock.now += 30.0
+    progress.Update(301, 2.0)  # traces
     clock.now += 4.0
-    line = progress.Update(302, 2.0)
-    # 2 steps in 4 s, not 302: 0.5 steps/s, ETA 98 / 0.5 = 196 s.
-    assert line == "step 302/400  loss 2.0000  2.0 s/step  ETA 3m16s"
+    line = progress.Update(303, 2.0)
+    # 2 steps in 4 s, not 303: 0.5 steps/s, ETA 97 / 0.5 = 194 s.
+    assert line == "step 303/400  loss 2.0000  2.0 s/step  ETA 3m14s"
+
+
+def test_rate_text_for_log_lines_averages_from_the_end_of_the_tracing_step():
+    # Log lines written to a file (no terminal) carry the rate and ETA too.
+    progress, stream, clock = MakeProgress(total=100, is_tty=False)
+    progress.Start(0)
+    assert progress.RateText(0) == ""
+    clock.now += 60.0
+    progress.Update(1, 3.0)  # 60 s of tracing, left out of the rate
+    assert progress.RateText(1, examples_per_step=32) == ""
+    for step in range(2, 11):
+        clock.now += 0.25
+        progress.Update(step, 3.0)
+    # 9 steps in 2.25 s: 4 steps/s; ETA 90 / 4 = 22.5 s.
+    assert progress.RateText(10, examples_per_step=32) == "4.0 steps/s  128 ex/s  ETA 23s"
+    assert stream.getvalue() == ""
 
 
 def test_update_without_start_starts_at_its_step():
