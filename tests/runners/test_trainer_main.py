@@ -1,8 +1,8 @@
-"""The trainer builds and checks everything before it writes anything.
+"""The trainer's main, run in this process (test_trainer.py runs it in subprocesses).
 
-Bad input ends with exit status 2 and one line naming the value received and what
-was expected, and the logdir is left as it was. These run the trainer's `main` in
-this process (a subprocess case per kind lives in test_trainer.py).
+It builds and checks everything before it writes anything: bad input ends with exit
+status 2 and one line naming the value received and what was expected, and the
+logdir is left as it was. A URL logdir is written through tf.io.gfile only.
 """
 
 import os
@@ -99,3 +99,22 @@ def test_a_checkpoint_of_another_model_is_refused_saying_what_changed(capsys, tm
         )
         assert f"use another --logdir or the checkpoint's params ({logdir}/params.txt)" in lines[-1]
         assert Listing(logdir) == before
+
+
+def test_a_url_logdir_trains_evaluates_and_resumes_without_touching_the_local_disk(
+    capsys, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    logdir = "ram://lingpipe_test_trainer_main/run"  # TensorFlow's in-memory file system
+    try:
+        status, lines = Main(capsys, f"--logdir={logdir}", "--checkpoint_interval_steps=1")
+        assert status == 0, lines
+        status, lines = Main(capsys, f"--logdir={logdir}", "--mode=eval")
+        assert status == 0, lines
+        written = {"checkpoints", "eval_dev.json", "eval_test.json", "params.txt", "train"}
+        assert written <= set(tf.io.gfile.listdir(logdir))
+        assert tf.train.latest_checkpoint(f"{logdir}/checkpoints").endswith("ckpt-2")
+        assert os.listdir(tmp_path) == []
+    finally:
+        if tf.io.gfile.exists(logdir):
+            tf.io.gfile.rmtree(logdir)
