@@ -63,11 +63,9 @@ def _AssertRefused(status, lines, message):
         ),
         (
             ["--params_override=input.seq_len : 128"],
-            "the Train input's batches (ids: [32, 128]",
-        ),
-        (
-            ["--params_override=input.seq_len : 128"],
-            "expected sequences of at most max_len=64 tokens, received ids.shape=[16, 128]",
+            "the Train input's batches (ids: [32, 128], labels: [32, 128], paddings: [32, 128], "
+            "weights: [32, 128] per replica) do not fit the model: lm/pipeline/cell_0: expected "
+            "sequences of at most max_len=64 tokens, received ids.shape=[16, 128]",
         ),
         (["--mode=eval"], "--mode=eval: no checkpoint in"),
     ],
