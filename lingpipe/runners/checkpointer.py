@@ -125,7 +125,10 @@ class Checkpointer:
         if listed is not None:
             if _Step(listed[-1]) >= _Step(found[-1]):
                 return None
-            why = f"the newest checkpoint {found[-1]} is not in {STATE_FILE} (a run killed while saving)"
+            why = (
+                f"the newest checkpoint {found[-1]} is not in {STATE_FILE} "
+                "(a run killed while saving)"
+            )
         names = ", ".join(os.path.basename(p) for p in found)
         if self._writable:
             tf.__internal__.train.update_checkpoint_state(

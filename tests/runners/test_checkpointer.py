@@ -82,7 +82,10 @@ def test_a_damaged_missing_or_stale_state_file_is_rebuilt_from_the_checkpoint_fi
         checkpointer.tf.__internal__.train.update_checkpoint_state(
             str(tmp_path), "ckpt-2", ["ckpt-2"], save_relative_paths=True
         )
-        why = f"the newest checkpoint {tmp_path}/ckpt-3 is not in checkpoint (a run killed while saving)"
+        why = (
+            f"the newest checkpoint {tmp_path}/ckpt-3 is not in checkpoint "
+            "(a run killed while saving)"
+        )
     warnings = []
     monkeypatch.setattr(logging, "warning", lambda msg, *a: warnings.append(msg % a))
     objects = _Objects()
