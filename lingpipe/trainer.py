@@ -66,6 +66,18 @@ flags.DEFINE_integer("num_stages", None, "Pipeline stages (sets the task's num_s
 flags.DEFINE_integer(
     "num_micro_batches", None, "Micro-batches per batch (sets the task's num_micro_batches)."
 )
+flags.DEFINE_string(
+    "schedule",
+    None,
+    "Pipeline schedule of the train step (sets the task's schedule): gpipe, 1f1b, "
+    "interleaved_1f1b or zero_bubble; see python -m lingpipe.pipeline.schedule.",
+)
+flags.DEFINE_integer(
+    "num_virtual_stages",
+    None,
+    "Chunks of the cells per device for --schedule=interleaved_1f1b (sets the task's "
+    "num_virtual_stages).",
+)
 flags.DEFINE_integer(
     "seed", None, "Seed of the initial weights (random_seed) and of the training data order."
 )
@@ -127,6 +139,8 @@ def _Overrides() -> startup.Overrides:
         max_steps=FLAGS.max_steps,
         num_stages=FLAGS.num_stages,
         num_micro_batches=FLAGS.num_micro_batches,
+        schedule=FLAGS.schedule,
+        num_virtual_stages=FLAGS.num_virtual_stages,
         seed=FLAGS.seed,
     )
 

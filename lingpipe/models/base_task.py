@@ -96,6 +96,13 @@ def DefinePipelineParams(p: hyperparams.Params) -> hyperparams.Params:
     p.Define("num_micro_batches", 1, "Micro-batches each batch is split into.")
     p.Define("remat", "always", "Recompute policy: 'always', 'except_last' or 'never'.")
     p.Define("partition", "uniform", "How cells are cut into stages (see PipeliningLayer).")
+    p.Define(
+        "schedule",
+        "gpipe",
+        "Pipeline schedule of the training step: 'gpipe', '1f1b', 'interleaved_1f1b' or "
+        "'zero_bubble' (see lingpipe.pipeline.schedule).",
+    )
+    p.Define("num_virtual_stages", 1, "Chunks per device for schedule='interleaved_1f1b'.")
     return p
 
 
@@ -103,7 +110,8 @@ def PipelineLayerParams(
     p: hyperparams.Params, cells: list, input_shapes: Any = None
 ) -> hyperparams.InstantiableParams:
     """The params of a task's `pipeline` child: `cells` cut by the knobs of
-    DefinePipelineParams (num_stages, num_micro_batches, remat, partition)."""
+    DefinePipelineParams (num_stages, num_micro_batches, remat, partition,
+    schedule, num_virtual_stages)."""
     return gpipe.PipeliningLayer.Params().Set(
         name="pipeline",
         cell_tpl=cells,
@@ -111,6 +119,8 @@ def PipelineLayerParams(
         num_micro_batches=p.num_micro_batches,
         remat=p.remat,
         partition=p.partition,
+        schedule=p.schedule,
+        num_virtual_stages=p.num_virtual_stages,
         input_shapes=input_shapes,
     )
 
@@ -247,6 +257,16 @@ class BaseTask(base_layer.BaseLayer):
         total = tf.add_n(terms) if terms else tf.zeros([], tf.float32)
         return self.params.train.l2_regularizer_weight * total
 
+    def PipelineInputs(self, theta: NestedMap, input_batch: NestedMap) -> tuple | None:
+        """A task whose network is `self.pipeline` returns the pipeline's inputs (a
+        tuple of its FProp's args) here, and ComputePredictions is
+        `self.pipeline.FProp(theta.pipeline, *self.PipelineInputs(...))`. Training then
+        goes through the pipeline's schedule (PipeliningLayer.ForwardBackward), with
+        ComputeLoss run per micro-batch on the last stage (its metrics must be weighted
+        means, as (value, weight) pairs are). Tasks that do not override it are
+        differentiated with a tape around FProp."""
+        return None
+
     def ComputeGradients(
         self, input_batch: NestedMap, step: int | tf.Tensor
     ) -> tuple[NestedMap, list[tf.Tensor | None]]:
@@ -260,6 +280,8 @@ class BaseTask(base_layer.BaseLayer):
         replicas before `ApplyGradients`.
         """
         tp = self.params.train
+        if type(self).PipelineInputs is not BaseTask.PipelineInputs:
+            return self._ScheduledGradients(input_batch, step)
         with seeds.StepSeedScope(step), tf.GradientTape() as tape:
             metrics = self.FProp(self.theta, input_batch)
             loss = metrics.loss[0]
@@ -268,6 +290,50 @@ class BaseTask(base_layer.BaseLayer):
                 metrics.l2_loss = (l2_loss, tf.ones([], tf.float32))
                 loss = loss + tf.cast(l2_loss, loss.dtype)
         return metrics, tape.gradient(loss, self.trainable_variables)
+
+    def _ScheduledGradients(
+        self, input_batch: NestedMap, step: int | tf.Tensor
+    ) -> tuple[NestedMap, list[tf.Tensor | None]]:
+        """ComputeGradients of a pipelined task: the pipeline's executor differentiates
+        the stages and the per-micro-batch losses; a tape covers only what comes before
+        the pipeline (a tied embedding, say), from the gradient of the pipeline's inputs."""
+        pipeline = self.pipeline
+        with seeds.StepSeedScope(step):
+            with tf.GradientTape() as tape:
+                inputs = self.PipelineInputs(self.theta, input_batch)
+
+            def LossFn(predictions: Any, batch: NestedMap) -> NestedMap:
+                return self._CheckMetrics(self.ComputeLoss(self.theta, predictions, batch))
+
+            out = pipeline.ForwardBackward(self.theta.pipeline, inputs, LossFn, input_batch)
+        grads: dict = dict(out.variable_grads)
+
+        def Add(v: Any, g: Any) -> None:
+            if g is not None and isinstance(v, tf.Variable):
+                grads[v.ref()] = g if v.ref() not in grads else grads[v.ref()] + g
+
+        for v, g in zip(tf.nest.flatten(self.theta.pipeline), tf.nest.flatten(out.theta_grads)):
+            Add(v, g)
+        pairs = [
+            (x, g)
+            for x, g in zip(tf.nest.flatten(inputs), tf.nest.flatten(out.input_grads))
+            if g is not None
+        ]
+        outside = [v for v in tape.watched_variables() if v.trainable]
+        if pairs and outside:
+            with tf.device(pipeline.devices[0]), tf.name_scope("before_pipeline_grad"):
+                before = tape.gradient(
+                    [x for x, _ in pairs], outside, output_gradients=[g for _, g in pairs]
+                )
+            for v, g in zip(outside, before):
+                Add(v, tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g)
+        metrics = NestedMap(out.metrics)
+        if self.params.train.l2_regularizer_weight > 0:
+            metrics.l2_loss = (self._L2Term(), tf.ones([], tf.float32))
+            for v in LpRegularizedVariables(self):
+                with tf.device(v.device):  # d/dv of weight * |v|^2 / 2
+                    Add(v, self.params.train.l2_regularizer_weight * tf.convert_to_tensor(v))
+        return metrics, [grads.get(v.ref()) for v in self.trainable_variables]
 
     def ApplyGradients(self, grads: list[tf.Tensor | None], step: int | tf.Tensor) -> NestedMap:
         """Clips `grads` by their global norm and applies them at the step's rate.

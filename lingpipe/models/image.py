@@ -148,6 +148,10 @@ class AmoebaNetClassifier(base_task.BaseTask):
 
     def ComputePredictions(self, theta: NestedMap, input_batch: NestedMap) -> NestedMap:
         """Returns NestedMap(xent [b], correct [b], logits [b, num_classes])."""
+        return self.pipeline.FProp(theta.pipeline, *self.PipelineInputs(theta, input_batch))
+
+    def PipelineInputs(self, theta: NestedMap, input_batch: NestedMap) -> tuple:
+        """(state,): images checked and cast, labels."""
         p = self.params
         images = tf.convert_to_tensor(input_batch.images)
         expected = [p.image_size, p.image_size, p.channels]
@@ -161,7 +165,7 @@ class AmoebaNetClassifier(base_task.BaseTask):
             images=tf.cast(images, self.fprop_dtype),
             labels=tf.cast(input_batch.labels, tf.int32),
         )
-        return self.pipeline.FProp(theta.pipeline, state)
+        return (state,)
 
     def ComputeLoss(
         self, theta: NestedMap, predictions: NestedMap, input_batch: NestedMap

@@ -297,6 +297,10 @@ class TransformerLm(base_task.BaseTask):
 
         Returns NestedMap(xent, nll, correct, weights), each [b, t].
         """
+        return self.pipeline.FProp(theta.pipeline, *self.PipelineInputs(theta, input_batch))
+
+    def PipelineInputs(self, theta: NestedMap, input_batch: NestedMap) -> tuple:
+        """(state,): the pipeline's input state (with the tied table, if tied)."""
         state = NestedMap(
             ids=input_batch.ids,
             labels=input_batch.labels,
@@ -306,7 +310,7 @@ class TransformerLm(base_task.BaseTask):
         if self.params.tie_embeddings:
             with tf.device(self.pipeline.devices[0]):
                 state.tied_emb = tf.convert_to_tensor(theta.emb)[tf.newaxis]
-        return self.pipeline.FProp(theta.pipeline, state)
+        return (state,)
 
     def ComputeLoss(
         self, theta: NestedMap, predictions: NestedMap, input_batch: NestedMap

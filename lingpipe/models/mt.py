@@ -171,7 +171,11 @@ class TransformerEncDec(base_task.BaseTask):
 
     def ComputePredictions(self, theta: NestedMap, input_batch: NestedMap) -> NestedMap:
         """Runs the pipeline: NestedMap(xent, weights, argmax), each [b, T]."""
-        return self.pipeline.FProp(theta.pipeline, self._InputState(input_batch))
+        return self.pipeline.FProp(theta.pipeline, *self.PipelineInputs(theta, input_batch))
+
+    def PipelineInputs(self, theta: NestedMap, input_batch: NestedMap) -> tuple:
+        """(state,): the source and target the encoder and decoder stages read."""
+        return (self._InputState(input_batch),)
 
     def ComputeLoss(
         self, theta: NestedMap, predictions: NestedMap, input_batch: NestedMap

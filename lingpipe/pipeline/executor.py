@@ -78,7 +78,11 @@ def _Dense(g: Any) -> Any:
 
 
 def _Add(a: Any, b: Any) -> Any:
-    return b if a is None else a if b is None else a + b
+    """a + b, where None is nothing; the first term is copied, so that every
+    accumulation is an op of the action that makes it."""
+    if a is None:
+        return None if b is None else tf.identity(b)
+    return a if b is None else a + b
 
 
 def CheckMetrics(metrics: Any, where: str = "loss_fn") -> NestedMap:

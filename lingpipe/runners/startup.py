@@ -6,7 +6,8 @@ the logdir is created only once the params resolve.
 
 The params of a run are the registered model's (`model_registry.GetParams(key,
 'Train')`), then `--params_file`, then `--params_override`, then the shortcut
-flags (`--max_steps`, `--num_stages`, `--num_micro_batches`, `--seed`), in that
+flags (`--max_steps`, `--num_stages`, `--num_micro_batches`, `--schedule`,
+`--num_virtual_stages`, `--seed`), in that
 order. Overrides use Lingvo's text: `a.b : 1; c.d : 'x'`, one assignment per `;`
 or line, values read as literals and never run as code.
 """
@@ -36,6 +37,8 @@ class Overrides:
     max_steps: int | None = None
     num_stages: int | None = None
     num_micro_batches: int | None = None
+    schedule: str | None = None
+    num_virtual_stages: int | None = None
     seed: int | None = None
 
 
@@ -145,6 +148,25 @@ def ResolveParams(key: str, overrides: Overrides) -> ResolvedParams:
         p.train.max_steps = overrides.max_steps
     _SetShortcut(p, "num_stages", overrides.num_stages, "num_stages")
     _SetShortcut(p, "num_micro_batches", overrides.num_micro_batches, "num_micro_batches")
+    _SetShortcut(p, "num_virtual_stages", overrides.num_virtual_stages, "num_virtual_stages")
+    if overrides.schedule is not None:
+        from lingpipe.pipeline import schedule
+
+        if overrides.schedule not in schedule.SCHEDULES:
+            import difflib
+
+            close = difflib.get_close_matches(overrides.schedule, schedule.SCHEDULES, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(
+                f"--schedule={overrides.schedule}: expected one of "
+                f"{', '.join(schedule.SCHEDULES)}{hint}"
+            )
+        if "schedule" not in p:
+            raise UsageError(
+                f"--schedule={overrides.schedule}: the task {p.cls.__name__} has no pipeline "
+                "schedule to set"
+            )
+        p.schedule = overrides.schedule
     if overrides.seed is not None:
         if isinstance(overrides.seed, bool) or overrides.seed < 0:
             raise UsageError(f"--seed: expected an integer >= 0, received {overrides.seed!r}")

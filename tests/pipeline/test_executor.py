@@ -1,0 +1,269 @@
+"""ForwardBackward follows a schedule: equal to the sequential reference, in the
+schedule's order (read from the traced graph), on each stage's device, concurrent."""
+
+import collections
+import re
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from gpipe_cells import DIMS, Mlp, MlpWithBatchNorm, MlpWithDropout, Pipeline, SkipCell
+from test_gpipe_placement import _BarrierCell
+
+from lingpipe import base_layer, seeds, test_utils
+from lingpipe.nested_map import NestedMap
+from lingpipe.pipeline import schedule
+
+REMATS = ("always", "except_last", "never")
+CASES = [
+    (name, k, m, v)
+    for name in schedule.SCHEDULES
+    for k in (1, 2, 3, 4)
+    for m in (1, 2, 4, 8)
+    for v in ((1, 2) if name == "interleaved_1f1b" else (1,))
+    if not (v > 1 and m % k)
+]
+# Traced (the graph, with its chains and held-back weight gradients): every schedule
+# with every (K, M) pair, the remat policy rotating.
+TRACED = [
+    (name, k, m, v, REMATS[(k + i) % 3])
+    for name, k, m, v in CASES
+    for i in [(1, 2, 4, 8).index(m)]
+    if v == 1 or name == "interleaved_1f1b"
+]
+
+
+def Loss(outputs, unused_loss_inputs=None):
+    x = outputs[0] if isinstance(outputs, tuple) else outputs
+    x = x.x if isinstance(x, NestedMap) else x
+    rows = tf.cast(tf.shape(x)[0], tf.float32)
+    return NestedMap(loss=(tf.reduce_mean(tf.square(x) + x), rows), mean=(tf.reduce_mean(x), rows))
+
+
+def Scheduled(pipe, args, use_function, variables):
+    def Step():
+        r = pipe.ForwardBackward(pipe.theta, args, Loss)
+        by_ref = {
+            v.ref(): g for v, g in zip(tf.nest.flatten(pipe.theta), tf.nest.flatten(r.theta_grads))
+        }
+        grads = [by_ref[v.ref()] for v in variables]
+        return r.metrics, grads, r.input_grads
+
+    return tf.function(Step, autograph=False)() if use_function else Step()
+
+
+def Reference(pipe, args, variables, fprop=None):
+    with tf.GradientTape() as tape:
+        tape.watch(args)
+        outputs = (fprop or pipe.FPropSequential)(pipe.theta, *args)
+        metrics = Loss(outputs)
+    grads = tape.gradient(metrics.loss[0], list(variables) + list(tf.nest.flatten(args)))
+    n = len(variables)
+    return metrics, grads[:n], tf.nest.pack_sequence_as(args, grads[n:])
+
+
+def AssertSameAsReference(pipe, args, use_function=False, rtol=test_utils.RTOL, fprop=None):
+    variables = list(pipe.trainable_variables)
+    (metrics, grads, input_grads) = Scheduled(pipe, args, use_function, variables)
+    want_metrics, want_grads, want_input_grads = Reference(pipe, args, variables, fprop)
+    for name in ("loss", "mean"):
+        np.testing.assert_allclose(metrics[name][0], want_metrics[name][0], rtol=rtol, atol=1e-6)
+        np.testing.assert_allclose(metrics[name][1], want_metrics[name][1])
+    assert all(g is not None for g in grads), "a variable got no gradient"
+    scale = max(float(np.max(np.abs(g))) for g in want_grads)
+    for i, (g, w) in enumerate(zip(grads, want_grads)):
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * scale, err_msg=f"gradient {i}")
+    for g, w in zip(tf.nest.flatten(input_grads), tf.nest.flatten(want_input_grads)):
+        if w is None:  # an input the cells never read (a skip slot that is overwritten)
+            assert g is None or not np.any(g)
+        else:
+            test_utils.AssertAllCloseToScale(g, w, rtol=rtol)
+
+
+@pytest.mark.parametrize("remat", REMATS)
+@pytest.mark.parametrize("name,k,m,v", CASES)
+def test_mlp_grid_eagerly(name, k, m, v, remat):
+    pipe = Pipeline([Mlp()] * 8, k, m, remat, schedule=name, num_virtual_stages=v)
+    AssertSameAsReference(pipe, (tf.random.normal([8, DIMS]),))
+
+
+@pytest.mark.parametrize("name,k,m,v,remat", TRACED)
+def test_mlp_grid_traced(name, k, m, v, remat):
+    pipe = Pipeline([Mlp()] * 8, k, m, remat, schedule=name, num_virtual_stages=v)
+    AssertSameAsReference(pipe, (tf.random.normal([8, DIMS]),), use_function=True)
+
+
+@pytest.mark.parametrize("name", schedule.SCHEDULES)
+def test_dropout_batch_norm_and_an_uneven_batch(name):
+    v = 2 if name == "interleaved_1f1b" else 1
+    cells = [MlpWithBatchNorm(), MlpWithDropout(), Mlp(), MlpWithDropout()]
+    pipe = Pipeline(cells, 2, 2, "except_last", schedule=name, num_virtual_stages=v)
+    x = tf.random.normal([7, DIMS])
+    with seeds.StepSeedScope(3):
+        AssertSameAsReference(pipe, (x,), use_function=True)
+    # The pipeline moved batch norm's moving averages once (the reference once more).
+    moving_mean = pipe.cell_0.sub[1].vars.moving_mean.numpy()
+    assert not np.allclose(moving_mean, 0.0)
+
+
+@pytest.mark.parametrize("name", schedule.SCHEDULES)
+def test_nested_map_state_carries_a_skip_connection_across_stages(name):
+    v = 2 if name == "interleaved_1f1b" else 1
+    modes = ["save", "", "add", ""]
+    cells = [SkipCell.Params().Set(mode=mode) for mode in modes]
+    pipe = Pipeline(cells, 2, 4, "always", schedule=name, num_virtual_stages=v)
+    x = tf.random.normal([8, DIMS])
+    AssertSameAsReference(pipe, (NestedMap(x=x, skip=tf.zeros_like(x)),), use_function=True)
+
+
+_ACTION = re.compile(r"(?:^|/)([FBIW])_s(\d+)_mb(\d+)/")
+
+
+def _ActionOps(graph):
+    ops = collections.defaultdict(list)
+    for op in graph.get_operations():
+        match = _ACTION.search(op.name)
+        if match:
+            ops[(match.group(1), int(match.group(2)), int(match.group(3)))].append(op)
+    return ops
+
+
+def _ChainPredecessors(graph, sched):
+    """Per action: the actions of the same device its ops wait for by a control edge."""
+    ops = _ActionOps(graph)
+    owner = {op: key for key, group in ops.items() for op in group}
+    preds = collections.defaultdict(set)
+    for key, group in ops.items():
+        for op in group:
+            for dep in op.control_inputs:
+                other = owner.get(dep)
+                same_device = other and sched.DeviceOf(other[1]) == sched.DeviceOf(key[1])
+                if other and other != key and same_device:
+                    preds[key].add(other)
+    return ops, preds
+
+
+@pytest.mark.parametrize(
+    "name,k,m,v", [("gpipe", 3, 4, 1), ("1f1b", 4, 8, 1), ("zero_bubble", 3, 4, 1),
+                   ("interleaved_1f1b", 2, 4, 2)],
+)  # fmt: skip
+def test_each_device_follows_its_list_in_the_traced_graph(name, k, m, v):
+    pipe = Pipeline([Mlp()] * 8, k, m, "always", schedule=name, num_virtual_stages=v)
+    x = tf.random.normal([8, DIMS])
+    step = lambda: pipe.ForwardBackward(pipe.theta, (x,), Loss).metrics  # noqa: E731
+    graph = tf.function(step, autograph=False).get_concrete_function().graph
+    sched = pipe.Schedule(m)
+    ops, preds = _ChainPredecessors(graph, sched)
+    for acts in sched.device_actions:
+        keys = [tuple(a) for a in acts]
+        previous_w = {}
+        for i, key in enumerate(keys):
+            assert key in ops, f"{key} has no ops in the graph"
+            expected = {keys[i - 1]} if i else set()
+            if key[0] == "I":  # its weight-only ops wait for W's turn instead
+                w = keys.index(("W",) + key[1:])
+                if keys[w - 1] != key:
+                    previous_w[key] = keys[w - 1]
+                    expected.add(keys[w - 1])
+            assert preds[key] == expected, (key, preds[key], expected)
+        for key, gate in previous_w.items():
+            # The held-back ops are the weight gradient's: MatMuls, and no Tanh replay.
+            held = [op for op in ops[key] if any(owner_is(gate, d, ops) for d in op.control_inputs)]
+            assert held and {op.type for op in held} <= {
+                "MatMul",
+                "Sum",
+                "Mul",
+                "BiasAddGrad",
+                "Identity",
+                "Reshape",
+                "Const",
+                "Transpose",
+                "ShapeN",
+                "Shape",
+            }, held
+
+
+def owner_is(key, op, ops):
+    return op in ops[key]
+
+
+@pytest.mark.parametrize(
+    "name,v", [("gpipe", 1), ("1f1b", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2)]
+)
+def test_every_op_of_every_action_is_on_its_stage_device(name, v):
+    pipe = Pipeline([Mlp()] * 8, 4, 4, "always", schedule=name, num_virtual_stages=v)
+    x = tf.random.normal([8, DIMS])
+    step = lambda: pipe.ForwardBackward(pipe.theta, (x,), Loss).theta_grads  # noqa: E731
+    graph = tf.function(step, autograph=False).get_concrete_function().graph
+    ops = _ActionOps(graph)
+    assert len(ops) == 4 * v * 4 * (3 if name == "zero_bubble" else 2)
+    for (_, stage, _), group in ops.items():
+        want = f"/device:CPU:{stage % 4}"
+        # A variable's handle and reads run where the variable lives (checked below).
+        wrong = [
+            (op.name, op.device)
+            for op in group
+            if op.type not in ("Placeholder", "ReadVariableOp") and not op.device.endswith(want)
+        ]
+        assert not wrong, wrong[:5]
+    for idx, device in zip(pipe.stage_cells, [pipe.StageDevice(s) for s in range(4 * v)]):
+        for i in idx:
+            assert all(w.device.endswith(device[-5:]) for w in getattr(pipe, f"cell_{i}").variables)
+
+
+def test_stages_overlap_under_1f1b():
+    pipe_barrier = _BarrierPipelineFor("1f1b")
+    pipe, x = pipe_barrier
+    tf.function(lambda: pipe.ForwardBackward(pipe.theta, (x,), Loss).metrics, autograph=False)()
+    assert sorted(_BarrierCell.meetings) == [(0, 1), (1, 0)]
+
+
+def _BarrierPipelineFor(name):
+    _BarrierCell.barrier = threading.Barrier(2, timeout=60)
+    _BarrierCell.meetings = []
+    cells = [_BarrierCell.Params().Set(stage=0), _BarrierCell.Params().Set(stage=1), Mlp()]
+    pipe = Pipeline(cells, 2, 2, "never", schedule=name, partition=[1, 2])
+    x = tf.constant(np.repeat([[0.0], [1.0]], 2, axis=0) * np.ones([4, DIMS]), tf.float32)
+    return pipe, x
+
+
+def test_except_last_keeps_the_micro_batch_whose_backward_follows_its_forward():
+    pipe = Pipeline([Mlp()] * 4, 2, 4, "except_last", schedule="gpipe")
+    assert pipe.KeptActivations(pipe.Schedule(4)) == {(0, 3), (1, 3)}
+    pipe = Pipeline([Mlp()] * 4, 2, 4, "except_last", schedule="1f1b")
+    # Device 1 runs F B F B...: every gap is 1, the latest wins; device 0: F F B F B ...
+    assert pipe.KeptActivations(pipe.Schedule(4)) == {(0, 3), (1, 3)}
+
+
+def test_errors_name_what_was_received():
+    with pytest.raises(
+        ValueError, match=r"unknown schedule 'zerobubble'.*did you mean 'zero_bubble'"
+    ):
+        Pipeline([Mlp()] * 4, 2, 4, schedule="zerobubble")
+    with pytest.raises(
+        ValueError, match=r"num_stages=2 x num_virtual_stages=3 = 6 chunks is greater"
+    ):
+        Pipeline([Mlp()] * 4, 2, 4, schedule="interleaved_1f1b", num_virtual_stages=3)
+    with pytest.raises(ValueError, match=r"num_micro_batches=3 must be a multiple of num_stages=2"):
+        Pipeline([Mlp()] * 4, 2, 3, schedule="interleaved_1f1b", num_virtual_stages=2)
+    pipe = Pipeline([Mlp()] * 4, 2, 2, schedule="1f1b")
+    x = tf.random.normal([4, DIMS])
+    with pytest.raises(
+        ValueError,
+        match=r"loss_fn must return a NestedMap of \(value, weight\) pairs with 'loss', "
+        r"received EagerTensor",
+    ):
+        pipe.ForwardBackward(pipe.theta, (x,), lambda out, _: tf.reduce_sum(out))
+    with pytest.raises(
+        ValueError, match=r"each metric as a \(value, weight\) pair, received loss="
+    ):
+        pipe.ForwardBackward(pipe.theta, (x,), lambda out, _: NestedMap(loss=tf.reduce_sum(out)))
+
+
+def test_fprop_under_a_callers_tape_still_runs_in_eval_and_training():
+    pipe = Pipeline([Mlp()] * 4, 2, 4, "always", schedule="1f1b")
+    x = tf.random.normal([8, DIMS])
+    with base_layer.EvalMode():
+        y = pipe.FProp(pipe.theta, x)
+    test_utils.AssertAllCloseToScale(y, pipe.FPropSequential(pipe.theta, x))
