@@ -17,7 +17,8 @@ a dependency or would deadlock never reaches the executor.
 
     python -m lingpipe.pipeline.schedule --schedule=1f1b --num_stages=4 --num_micro_batches=8
 
-prints the grid (a row per device, a column per time slot) and the figures.
+prints the grid (a row per device, a column per time slot) and the figures;
+`--png=FILE` also draws the plan as a Gantt chart (lingpipe.pipeline.plot).
 """
 
 from __future__ import annotations
@@ -260,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num_micro_batches", type=int, default=8, help="M")
     parser.add_argument("--num_virtual_stages", type=int, default=1, help="v (interleaved)")
     parser.add_argument("--list", action="store_true", help="also print each device's list")
+    parser.add_argument("--png", default="", help="also draw the plan to this PNG file")
     args = parser.parse_args(argv)
     try:
         sched = Make(
@@ -275,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print()
         print(sched)
+    if args.png:
+        from lingpipe.pipeline import plot
+
+        print(f"\nwrote {plot.PlotSimulation(sched, sim, args.png)}")
     return 0
 
 

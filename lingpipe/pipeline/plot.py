@@ -1,0 +1,148 @@
+"""Gantt charts of a pipeline: the plan (a schedule's simulation) and a measured timeline.
+
+One row per device, one bar per action, coloured by kind (forward F, backward B,
+input gradient I, weight gradient W), with the micro-batch number written on it
+(`3.1`: micro-batch 3 on the device's chunk 1, when interleaved). Drawn with
+matplotlib's Agg backend (no display needed) and written through tf.io.gfile,
+so the path may be local, gs:// or ram://.
+
+    plot.PlotSimulation(sched, simulate.Simulate(sched), "/tmp/plan.png")
+    plot.PlotSpans(timeline.Spans(...), sched, "/tmp/timeline.png")
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from lingpipe.pipeline.schedule import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    Action,
+    Schedule,
+)
+
+COLOURS = {
+    FORWARD: "#4c78a8",  # blue
+    BACKWARD: "#f58518",  # orange
+    BACKWARD_INPUT: "#e45756",  # red
+    BACKWARD_WEIGHT: "#54a24b",  # green
+}
+NAMES = {
+    FORWARD: "forward",
+    BACKWARD: "backward",
+    BACKWARD_INPUT: "input grad",
+    BACKWARD_WEIGHT: "weight grad",
+}
+
+# A bar: (device, start, end, action), times in the chart's unit.
+Bar = tuple[int, float, float, Action]
+
+
+def _Label(sched: Schedule, a: Action) -> str:
+    if sched.num_virtual_stages == 1:
+        return str(a.micro_batch)
+    return f"{a.micro_batch}.{a.stage // sched.num_devices}"
+
+
+def _Figure(sched: Schedule, bars: Sequence[Bar], unit: str, title: str) -> Any:
+    """The Gantt chart of `bars`: device 0 on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    span = max((end for _, _, end, _ in bars), default=1.0) or 1.0
+    fig = Figure(
+        figsize=(
+            max(6.0, min(24.0, 0.45 * len(bars) / sched.num_devices + 3)),
+            1 + 0.6 * sched.num_devices,
+        )
+    )
+    ax = fig.add_subplot(1, 1, 1)
+    for device, start, end, a in bars:
+        ax.barh(
+            device,
+            end - start,
+            left=start,
+            height=0.8,
+            color=COLOURS[a.kind],
+            edgecolor="white",
+            linewidth=0.5,
+        )
+        if (end - start) / span > 0.012:  # room for the number
+            ax.text(
+                (start + end) / 2,
+                device,
+                _Label(sched, a),
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+            )
+    ax.set_yticks(range(sched.num_devices))
+    ax.set_yticklabels([f"device {d}" for d in range(sched.num_devices)])
+    ax.set_ylim(sched.num_devices - 0.5, -0.5)
+    ax.set_xlim(0, span)
+    ax.set_xlabel(unit)
+    ax.set_title(title, fontsize=9)
+    kinds = [k for k in COLOURS if any(a.kind == k for *_, a in bars)]
+    ax.legend(
+        handles=[Patch(color=COLOURS[k], label=NAMES[k]) for k in kinds],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=7,
+        frameon=False,
+    )
+    fig.tight_layout()
+    return fig
+
+
+def _Save(fig: Any, path: str) -> str:
+    """Writes `fig` as PNG to `path` through tf.io.gfile; returns the path."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    parent = path.rsplit("/", 1)[0] if "/" in path else ""
+    if parent:
+        tf.io.gfile.makedirs(parent)
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(buffer.getvalue())
+    return path
+
+
+def PlotSimulation(sched: Schedule, sim: Any, path: str, title: str | None = None) -> str:
+    """Draws the plan: `sim` (simulate.Simulate(sched)) in its time units, to `path` (PNG)."""
+    bars = [
+        (sched.DeviceOf(a.stage), sim.start[a], sim.end[a], a)
+        for acts in sched.device_actions
+        for a in acts
+    ]
+    title = title or (
+        f"plan: {sched.name}, K={sched.num_devices}, M={sched.num_micro_batches}; "
+        f"bubble {sim.bubble:.1%} (simulated, F=1, B=2)"
+    )
+    return _Save(_Figure(sched, bars, "time units", title), path)
+
+
+def PlotSpans(spans: Sequence[Any], sched: Schedule, path: str, title: str | None = None) -> str:
+    """Draws measured spans (timeline.Span: device, action, start_us, end_us) to `path`.
+
+    Several recorded steps lie one after another on the same time axis, in ms.
+    """
+    if not spans:
+        raise ValueError(
+            f"plot.PlotSpans: expected at least one span to draw, received none ({path})"
+        )
+    bars = [(s.device, s.start_us / 1e3, s.end_us / 1e3, s.action) for s in spans]
+    steps = len({s.step for s in spans})
+    title = title or (
+        f"measured: {sched.name}, K={sched.num_devices}, M={sched.num_micro_batches}, "
+        f"{steps} step(s)"
+    )
+    return _Save(_Figure(sched, bars, "ms from the first recorded action", title), path)

@@ -1,0 +1,349 @@
+"""A measured timeline: from TensorFlow's profiler trace to one span per pipeline action.
+
+The executor creates every action's ops in a name scope `F_s{stage}_mb{m}`
+(`B_..`, `I_..`, `W_..`); the gradient tape names the gradient ops it creates
+`gradient_tape/<forward op's name>`, so `gradient_tape/.../F_s1_mb3/...` (or
+`.../B_s1_mb3/...` for a replayed forward) is part of the backward of stage 1 on
+micro-batch 3. A span is an action's first op start .. last op end; its track
+is its stage's device (stage s on device s mod K).
+
+    spans = timeline.Record(step_fn, logdir, pipeline)   # profiles a call of step_fn
+    timeline.Write(logdir, spans, pipeline.Schedule())   # timeline.json, timeline.png
+    print(timeline.Compare(spans, pipeline.Schedule()))  # measured vs simulated idle
+
+Zero bubble: the tape creates a stage's input and weight gradients together (in
+I's scope), and the executor holds the weight-only ops back to W's turn. In the
+trace they are told apart by time: the backward's ops up to the first op of
+another action on the same device are I's, the later ones W's.
+
+The profile is read from the `.xplane.pb` that `tf.profiler.experimental` writes
+under `logdir/plugins/profile/<run>/` (what TensorBoard's Profile tab shows), on
+the host plane, where each op is an event `name:type` inside the executor's
+`ExecutorState::Process` event, whose `id` stat is the step (one per call of the
+function). Times: microseconds from the first recorded action.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import tensorflow as tf
+
+from lingpipe.pipeline import simulate
+from lingpipe.pipeline.schedule import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    Action,
+    Schedule,
+)
+
+TIMELINE_JSON = "timeline.json"
+TIMELINE_PNG = "timeline.png"
+_ACTION = re.compile(r"(?:^|/)([FBIW])_s(\d+)_mb(\d+)(?:_\d+)?/")
+_HOST_PLANE = "/host:CPU"
+
+
+class TimelineError(ValueError):
+    """A profile that holds no pipeline actions, or that cannot be read."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """One action of one recorded step, as measured.
+
+    Attributes:
+      step: which recorded step (0 for the first call profiled).
+      action: the schedule's action.
+      device: the pipeline device (track) it ran on, stage % K.
+      start_us, end_us: its first op's start and last op's end, in microseconds
+        from the first recorded action.
+      num_ops: how many op events it spans.
+    """
+
+    step: int
+    action: Action
+    device: int
+    start_us: float
+    end_us: float
+    num_ops: int
+
+    @property
+    def duration_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+class _Op:
+    """One op event: its name, times (picoseconds) and the executor's step id."""
+
+    __slots__ = ("name", "start", "end", "step_id")
+
+    def __init__(self, name: str, start: int, end: int, step_id: int | None) -> None:
+        self.name, self.start, self.end, self.step_id = name, start, end, step_id
+
+
+def LatestProfile(logdir: str) -> str:
+    """The newest `*.xplane.pb` under `logdir/plugins/profile/` (any tf.io.gfile path)."""
+    found = tf.io.gfile.glob(f"{logdir}/plugins/profile/*/*.xplane.pb")
+    if not found:
+        raise TimelineError(
+            f"timeline: no profile in {logdir}/plugins/profile/; expected a "
+            "<run>/<host>.xplane.pb written by tf.profiler.experimental"
+        )
+    return sorted(found)[-1]  # run directories are named by their start time
+
+
+def ReadXSpace(path: str) -> Any:
+    """The XSpace proto of a `.xplane.pb` file."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with tf.io.gfile.GFile(path, "rb") as f:
+        space.ParseFromString(f.read())
+    return space
+
+
+def _HostOps(space: Any) -> list[_Op]:
+    """The op events of the host plane, each with the step id of its executor run."""
+    ops = []
+    for plane in space.planes:
+        if plane.name != _HOST_PLANE:
+            continue
+        id_stat = [k for k, v in plane.stat_metadata.items() if v.name == "id"]
+        for line in plane.lines:
+            runs: list[tuple[int, int, int | None]] = []  # enclosing executor runs
+            for ev in line.events:
+                name = plane.event_metadata[ev.metadata_id].name
+                start = line.timestamp_ns * 1000 + ev.offset_ps
+                end = start + ev.duration_ps
+                if name == "ExecutorState::Process":
+                    ids = [s.int64_value for s in ev.stats if s.metadata_id in id_stat]
+                    runs.append((start, end, ids[0] if ids else None))
+                    continue
+                while runs and runs[-1][1] < start:
+                    runs.pop()
+                if ":" in name and _ACTION.search(name):
+                    step_id = runs[-1][2] if runs and runs[-1][0] <= start else None
+                    ops.append(_Op(name.split(":")[0], start, end, step_id))
+    return ops
+
+
+def _ActionKey(name: str, backward_kind: str) -> tuple[str, int, int] | None:
+    """(kind, stage, micro-batch) of an op name; None for ops of no action."""
+    match = _ACTION.search(name)
+    if match is None:
+        return None
+    kind, stage, m = match.group(1), int(match.group(2)), int(match.group(3))
+    if name.startswith("gradient_tape/") or "/gradient_tape/" in name:
+        kind = backward_kind  # the gradient of a (replayed) forward
+    return kind, stage, m
+
+
+def _SplitZeroBubble(ops: list[_Op], keys: list, sched: Schedule) -> list:
+    """Zero bubble: on each device, a backward's ops that start after another action's
+    first op are its held-back weight gradient (W), the earlier ones its input
+    gradient (I). `keys[i]` is ops[i]'s (kind, stage, m); returns them split."""
+    out = list(keys)
+    seen: set = set()
+    started: dict[int, set] = collections.defaultdict(set)  # device -> I's (stage, m)
+    interrupted: set = set()
+    for i in sorted(range(len(ops)), key=lambda i: ops[i].start):
+        kind, stage, m = keys[i]
+        device = sched.DeviceOf(stage)
+        if keys[i] not in seen:
+            seen.add(keys[i])
+            interrupted.update(started[device] - {(stage, m)})
+            if kind == BACKWARD_INPUT:
+                started[device].add((stage, m))
+        if kind == BACKWARD_INPUT and (stage, m) in interrupted:
+            out[i] = (BACKWARD_WEIGHT, stage, m)
+    return out
+
+
+def Spans(space: Any, sched: Schedule) -> list[Span]:
+    """One span per (recorded step, action) of `sched` found in the profile `space`.
+
+    Steps are numbered 0, 1, ... in the order they started. Raises TimelineError
+    if the profile holds no op of any action.
+    """
+    backward_kind = BACKWARD_INPUT if sched.splits_backward else BACKWARD
+    ops, keys = [], []
+    for op in _HostOps(space):
+        key = _ActionKey(op.name, backward_kind)
+        if key is not None and key[1] < sched.num_stages:
+            ops.append(op)
+            keys.append(key)
+    if not ops:
+        raise TimelineError(
+            "timeline: the profile holds no op of a pipeline action (expected op names "
+            "in scopes like F_s0_mb0/); was a pipelined train step run while profiling?"
+        )
+    first_of_step: dict = {}
+    for op in ops:
+        first_of_step[op.step_id] = min(first_of_step.get(op.step_id, op.start), op.start)
+    step_of = {sid: i for i, sid in enumerate(sorted(first_of_step, key=first_of_step.get))}
+    groups: dict = collections.defaultdict(list)
+    for step_id in step_of:  # the W split is per step: each step's ops alone
+        idx = [i for i, op in enumerate(ops) if op.step_id == step_id]
+        split = keys
+        if sched.splits_backward:
+            split = dict(
+                zip(idx, _SplitZeroBubble([ops[i] for i in idx], [keys[i] for i in idx], sched))
+            )
+        for i in idx:
+            groups[(step_of[step_id], split[i])].append(ops[i])
+    origin = min(op.start for op in ops)
+    spans = [
+        Span(
+            step,
+            Action(*key),
+            sched.DeviceOf(key[1]),
+            (min(o.start for o in group) - origin) / 1e6,
+            (max(o.end for o in group) - origin) / 1e6,
+            len(group),
+        )
+        for (step, key), group in groups.items()
+    ]
+    return sorted(spans, key=lambda s: (s.start_us, s.device))
+
+
+def DeviceOrder(spans: Iterable[Span], step: int, device: int) -> list[Action]:
+    """The actions of `device` in `step`, in the order they started."""
+    mine = [s for s in spans if s.step == step and s.device == device]
+    return [s.action for s in sorted(mine, key=lambda s: s.start_us)]
+
+
+def _UnionLength(intervals: list[tuple[float, float]]) -> float:
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def BusyShare(spans: list[Span], num_devices: int) -> list[float]:
+    """Per device, the share of the recorded steps' time in which one of its actions ran.
+
+    A step's time is its first action's start .. its last action's end (the
+    pipeline's makespan, as in the simulation); a device is busy while any of its
+    spans is open. Over several steps: summed busy time / summed step time.
+    """
+    busy, window = [0.0] * num_devices, 0.0
+    for step in sorted({s.step for s in spans}):
+        mine = [s for s in spans if s.step == step]
+        window += max(s.end_us for s in mine) - min(s.start_us for s in mine)
+        for d in range(num_devices):
+            busy[d] += _UnionLength([(s.start_us, s.end_us) for s in mine if s.device == d])
+    return [b / window if window > 0 else 0.0 for b in busy]
+
+
+def Compare(spans: list[Span], sched: Schedule) -> str:
+    """Per device: measured busy and idle share beside the simulation's idle share."""
+    sim = simulate.Simulate(sched)
+    busy = BusyShare(spans, sched.num_devices)
+    steps = len({s.step for s in spans})
+    lines = [
+        f"Timeline of {steps} step(s), schedule {sched.name} (K={sched.num_devices}, "
+        f"M={sched.num_micro_batches}): measured vs simulated (F=1, B=2 units)"
+    ]
+    for d in range(sched.num_devices):
+        lines.append(
+            f"  device {d}: busy {busy[d]:6.1%}  idle {1 - busy[d]:6.1%}  "
+            f"(simulated idle {sim.idle_share[d]:6.1%})"
+        )
+    return "\n".join(lines)
+
+
+def ChromeTrace(spans: list[Span], sched: Schedule) -> dict:
+    """The spans as a Chrome trace event file (chrome://tracing, ui.perfetto.dev):
+    one track (tid) per device, one complete ('X') event per span, times in us."""
+    events = []
+    for d in range(sched.num_devices):
+        stages = ", ".join(f"s{s}" for s in sched.StagesOf(d))
+        events.append(
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "ts": 0,
+                "dur": 0,
+                "pid": 0,
+                "tid": d,
+                "args": {"name": f"device {d} ({stages})"},
+            }
+        )
+    for s in spans:
+        events.append(
+            {
+                "name": str(s.action),
+                "cat": s.action.kind,
+                "ph": "X",
+                "ts": s.start_us,
+                "dur": s.duration_us,
+                "pid": 0,
+                "tid": s.device,
+                "args": {
+                    "step": s.step,
+                    "stage": s.action.stage,
+                    "micro_batch": s.action.micro_batch,
+                    "ops": s.num_ops,
+                },
+            }
+        )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "schedule": sched.name,
+            "num_devices": sched.num_devices,
+            "num_micro_batches": sched.num_micro_batches,
+        },
+    }
+
+
+def Write(logdir: str, spans: list[Span], sched: Schedule) -> tuple[str, str]:
+    """Writes logdir/timeline.json and logdir/timeline.png; returns their paths."""
+    from lingpipe.pipeline import plot
+
+    json_path, png_path = f"{logdir}/{TIMELINE_JSON}", f"{logdir}/{TIMELINE_PNG}"
+    tf.io.gfile.makedirs(logdir)
+    with tf.io.gfile.GFile(json_path, "w") as f:
+        json.dump(ChromeTrace(spans, sched), f)
+    plot.PlotSpans(spans, sched, png_path)
+    return json_path, png_path
+
+
+def Record(
+    step_fn: Callable[[], Any], logdir: str, pipeline: Any, num_steps: int = 1
+) -> list[Span]:
+    """Profiles `num_steps` calls of `step_fn` into `logdir` and returns their spans.
+
+    `step_fn` runs one pipelined training step (a `tf.function` calling
+    `PipeliningLayer.ForwardBackward`, say); it is called once first, unprofiled,
+    so that tracing stays out of the record. `pipeline` is the PipeliningLayer (its
+    `Schedule()` is used) or a Schedule. The profile stays in logdir for
+    TensorBoard's Profile tab; write the spans with `Write(logdir, spans, sched)`.
+    """
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"timeline.Record: expected num_steps >= 1, received {num_steps!r}")
+    sched = pipeline if isinstance(pipeline, Schedule) else pipeline.Schedule()
+    _Block(step_fn())
+    tf.profiler.experimental.start(logdir)
+    try:
+        for _ in range(num_steps):
+            _Block(step_fn())
+    finally:
+        tf.profiler.experimental.stop()
+    return Spans(ReadXSpace(LatestProfile(logdir)), sched)
+
+
+def _Block(result: Any) -> None:
+    """Waits for the step's tensors (eager ops return before they finish on devices)."""
+    for x in tf.nest.flatten(result):
+        if isinstance(x, (tf.Tensor, tf.Variable)):
+            x.numpy()
