@@ -29,7 +29,9 @@ resume), 130 interrupted before anything could be saved (a second Ctrl-C).
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
+from typing import NamedTuple
 
 from absl import app, flags, logging
 
@@ -115,6 +117,14 @@ flags.DEFINE_integer(
 flags.DEFINE_float(
     "progress_interval_seconds", 5.0, "Seconds between progress lines (only on a terminal)."
 )
+flags.DEFINE_string(
+    "profile_steps",
+    "",
+    "'A,B': record training steps A..B (1-based) with TensorFlow's profiler into the "
+    "logdir (TensorBoard's Profile tab), then write the pipeline's measured timeline "
+    "to LOGDIR/timeline.json (Chrome trace) and LOGDIR/timeline.png, and print each "
+    "device's busy and idle share beside the schedule's simulated idle share.",
+)
 flags.DEFINE_integer("intra_op_threads", 0, "TensorFlow intra-op threads (0: TF's default).")
 flags.DEFINE_integer(
     "inter_op_threads",
@@ -173,6 +183,62 @@ def _Intervals():
         eval_steps=_NonNegative("eval_interval_steps"),
         progress_seconds=FLAGS.progress_interval_seconds,
     )
+
+
+class _RunExtras(NamedTuple):
+    """What a training run shows beside its curves: the params text (a summary) and
+    the steps to profile (first, last), or None."""
+
+    params_text: str
+    profile_steps: tuple[int, int] | None
+
+
+def _ProfileSteps() -> tuple[int, int] | None:
+    """--profile_steps as (first, last), checked; None when not set."""
+    text = FLAGS.profile_steps.strip()
+    if not text:
+        return None
+    parts = text.split(",")
+    try:
+        first, last = (int(x) for x in parts) if len(parts) == 2 else (0, -1)
+    except ValueError:
+        first, last = 0, -1
+    if not 1 <= first <= last:
+        raise startup.UsageError(
+            f"--profile_steps: expected 'A,B' with integers 1 <= A <= B (the first and "
+            f"last step to record), received {FLAGS.profile_steps!r}"
+        )
+    return first, last
+
+
+def _WriteTimeline(pipelines: list, logdir: str, steps: list[int]) -> None:
+    """After profiling: LOGDIR/timeline.json and .png of the first of `pipelines`, and
+    the measured vs simulated idle share per device on stdout."""
+    from lingpipe.pipeline import timeline
+
+    if not pipelines:
+        logging.warning("--profile_steps: the model has no pipeline; only the profile is written")
+        return
+    sched = pipelines[0].Schedule()
+    try:
+        spans = timeline.Spans(timeline.ReadXSpace(timeline.LatestProfile(logdir)), sched)
+    except timeline.TimelineError as e:
+        logging.warning("--profile_steps: no timeline: %s", e)
+        return
+    json_path, png_path = timeline.Write(logdir, spans, sched)
+    print(f"{timeline.Compare(spans, sched)} (steps {steps[0]}..{steps[-1]})", flush=True)
+    logging.info("Wrote the measured timeline to %s and %s", json_path, png_path)
+
+
+def _FindPipelines(layer) -> list:
+    """The PipeliningLayers of the layer tree, in tree order."""
+    from lingpipe.layers import gpipe
+
+    found = [layer] if isinstance(layer, gpipe.PipeliningLayer) else []
+    for child in layer.children.values():
+        for c in child if isinstance(child, list) else [child]:
+            found += _FindPipelines(c)
+    return found
 
 
 def _SetUpDevices(num_stages: int) -> None:
@@ -248,11 +314,18 @@ def _Evaluate(tasks: list, plan) -> int:
     return 0
 
 
-def _Train(layout, tasks: list, plan, logdir: str, intervals) -> int:
-    """Trains to train.max_steps from the newest checkpoint, evaluating as the mode says."""
+def _Train(layout, tasks: list, plan, logdir: str, intervals, run) -> int:
+    """Trains to train.max_steps from the newest checkpoint, evaluating as the mode says.
+
+    `run` holds the run's params text and the steps to profile (see _Run).
+    """
     from lingpipe.runners import train_loop
 
     layout.CreateOptimizers(tasks)
+    profile = None
+    if run.profile_steps is not None:
+        done = functools.partial(_WriteTimeline, _FindPipelines(tasks[0]))
+        profile = train_loop.ProfileSteps(*run.profile_steps, done)
 
     def Evaluate(step: int) -> None:
         for evaler in plan.evalers:
@@ -266,6 +339,8 @@ def _Train(layout, tasks: list, plan, logdir: str, intervals) -> int:
         evaluate=Evaluate if plan.evalers else None,
         checkpoint_dir=plan.checkpoint_dir,
         max_to_keep=FLAGS.max_checkpoints_to_keep,
+        profile=profile,
+        params_text=run.params_text,
     )
     from lingpipe.runners.evaler import Results as EvalResults
 
@@ -290,6 +365,7 @@ def _Run(scope: contextlib.ExitStack) -> int:
         return 0
     logdir = _Logdir()
     intervals = _Intervals()
+    run = _RunExtras(resolved.task.ToText(), _ProfileSteps())
     layout, tasks = _BuildTasks(resolved)
     if FLAGS.mode == "inspect_model":
         print(inspect_model.Describe(tasks[0]))
@@ -306,7 +382,7 @@ def _Run(scope: contextlib.ExitStack) -> int:
         _WriteParams(logdir, resolved)
     if FLAGS.mode == "eval":
         return _Evaluate(tasks, plan)
-    return _Train(layout, tasks, plan, logdir, intervals)
+    return _Train(layout, tasks, plan, logdir, intervals, run)
 
 
 def main(argv: list[str]) -> int:

@@ -47,6 +47,11 @@ TIMELINE_JSON = "timeline.json"
 TIMELINE_PNG = "timeline.png"
 _ACTION = re.compile(r"(?:^|/)([FBIW])_s(\d+)_mb(\d+)(?:_\d+)?/")
 _HOST_PLANE = "/host:CPU"
+# Ops that do no work of their own: they run whenever their (absent) inputs allow,
+# often long before the action's data arrives, and would stretch its span.
+_NO_WORK = frozenset(
+    {"ReadVariableOp", "VarHandleOp", "Const", "NoOp", "_Send", "_Recv", "_HostSend", "_HostRecv"}
+)
 
 
 class TimelineError(ValueError):
@@ -64,6 +69,7 @@ class Span:
       start_us, end_us: its first op's start and last op's end, in microseconds
         from the first recorded action.
       num_ops: how many op events it spans.
+      busy_us: the time in which one of its ops ran (the span less its waits).
     """
 
     step: int
@@ -72,6 +78,7 @@ class Span:
     start_us: float
     end_us: float
     num_ops: int
+    busy_us: float
 
     @property
     def duration_us(self) -> float:
@@ -127,9 +134,10 @@ def _HostOps(space: Any) -> list[_Op]:
                     continue
                 while runs and runs[-1][1] < start:
                     runs.pop()
-                if ":" in name and _ACTION.search(name):
+                op_name, _, op_type = name.partition(":")
+                if op_type and op_type not in _NO_WORK and _ACTION.search(op_name):
                     step_id = runs[-1][2] if runs and runs[-1][0] <= start else None
-                    ops.append(_Op(name.split(":")[0], start, end, step_id))
+                    ops.append(_Op(op_name, start, end, step_id))
     return ops
 
 
@@ -206,6 +214,7 @@ def Spans(space: Any, sched: Schedule) -> list[Span]:
             (min(o.start for o in group) - origin) / 1e6,
             (max(o.end for o in group) - origin) / 1e6,
             len(group),
+            _UnionLength([(o.start, o.end) for o in group]) / 1e6,
         )
         for (step, key), group in groups.items()
     ]
@@ -228,19 +237,21 @@ def _UnionLength(intervals: list[tuple[float, float]]) -> float:
 
 
 def BusyShare(spans: list[Span], num_devices: int) -> list[float]:
-    """Per device, the share of the recorded steps' time in which one of its actions ran.
+    """Per device, the share of the recorded steps' time in which an op of its actions ran.
 
     A step's time is its first action's start .. its last action's end (the
-    pipeline's makespan, as in the simulation); a device is busy while any of its
-    spans is open. Over several steps: summed busy time / summed step time.
+    pipeline's makespan, as in the simulation). A device is busy while an op of
+    one of its actions runs: a span's waits (a recomputation that ran ahead and
+    waits for the gradient, say) are idle. Over several steps: summed busy time /
+    summed step time, at most 1.
     """
     busy, window = [0.0] * num_devices, 0.0
     for step in sorted({s.step for s in spans}):
         mine = [s for s in spans if s.step == step]
         window += max(s.end_us for s in mine) - min(s.start_us for s in mine)
         for d in range(num_devices):
-            busy[d] += _UnionLength([(s.start_us, s.end_us) for s in mine if s.device == d])
-    return [b / window if window > 0 else 0.0 for b in busy]
+            busy[d] += sum(s.busy_us for s in mine if s.device == d)
+    return [min(1.0, b / window) if window > 0 else 0.0 for b in busy]
 
 
 def Compare(spans: list[Span], sched: Schedule) -> str:
@@ -288,6 +299,7 @@ def ChromeTrace(spans: list[Span], sched: Schedule) -> dict:
                 "pid": 0,
                 "tid": s.device,
                 "args": {
+                    "busy_us": s.busy_us,
                     "step": s.step,
                     "stage": s.action.stage,
                     "micro_batch": s.action.micro_batch,

@@ -57,6 +57,58 @@ _CLUSTER_ERRORS = (
 
 
 @dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class ProfileSteps:
+    """Profile steps `first`..`last` (1-based, inclusive) with TensorFlow's profiler.
+
+    The trace goes to `<logdir>/plugins/profile/` (TensorBoard's Profile tab);
+    `done(logdir, steps)` is then called with the steps recorded (lingpipe's
+    timeline is made from the trace there).
+    """
+
+    first: int
+    last: int
+    done: Callable[[str, list[int]], None] | None = None
+
+
+class _Profiler:
+    """Starts the profiler before ProfileSteps.first and stops it after .last (or at
+    the run's last step); the chief only, as it writes into the logdir."""
+
+    def __init__(self, profile: ProfileSteps | None, logdir: str, enabled: bool) -> None:
+        self._profile = profile if enabled else None
+        self._logdir = logdir
+        self._steps: list[int] | None = None  # the steps recorded while active
+
+    def Before(self, step: int) -> None:
+        p = self._profile
+        if p is None or self._steps is not None or not p.first <= step <= p.last:
+            return
+        if step > p.first:
+            logging.warning("Profiling from step %d: the run resumed after step %d", step, p.first)
+        tf.profiler.experimental.start(self._logdir)
+        self._steps = []
+
+    def After(self, step: int, last: bool) -> None:
+        if self._steps is None:
+            return
+        self._steps.append(step)
+        if step >= self._profile.last or last:
+            steps, self._steps = self._steps, None
+            done, self._profile = self._profile.done, None  # once per run
+            tf.profiler.experimental.stop()
+            logging.info("Profiled steps %s into %s/plugins/profile", steps, self._logdir)
+            if done is not None:
+                done(self._logdir, steps)
+
+    def Close(self) -> None:
+        """Stops a profile that a failed or stopped step left running."""
+        if self._steps is not None:
+            self._steps = None
+            tf.profiler.experimental.stop()
+
+
+@dataclasses.dataclass
 class Intervals:
     """How often the loop does its chores (0 turns a chore off; the end always saves)."""
 
@@ -293,6 +345,9 @@ class Trainer:
         the other workers of a multi-worker run only read the chief's checkpoints.
       apply_in_replica, replica_context: see MakeTrainStep (TPU: one task whose
         variables the strategy distributes, stages annotated with logical cores).
+      profile: steps to record with TensorFlow's profiler (chief only), or None.
+      params_text: the run's params as text, written once at the start of Train as
+        the text summary `params` in logdir/train (chief only), or None.
     """
 
     def __init__(
@@ -308,8 +363,12 @@ class Trainer:
         is_chief: bool = True,
         apply_in_replica: bool = False,
         replica_context: Callable[[], Any] | None = None,
+        profile: ProfileSteps | None = None,
+        params_text: str | None = None,
     ) -> None:
         self._tasks = list(tasks)
+        self._profiler = _Profiler(profile, logdir, is_chief)
+        self._params_text = params_text
         self._task = self._tasks[0]
         self._strategy = strategy
         self._input = train_input
@@ -480,6 +539,8 @@ class Trainer:
             return {}
         self._Record("running")
         writer = _SummaryWriter(self._logdir, self._is_chief, self._input.params.batch_size)
+        if self._params_text is not None:
+            writer.WriteParams(start, self._params_text)
         bar = progress.Progress(
             self._max_steps, stream=sys.stderr, interval_s=self._intervals.progress_seconds
         )
@@ -491,6 +552,7 @@ class Trainer:
             self._Record("failed", str(e))
             raise
         finally:
+            self._profiler.Close()
             bar.Close()
             writer.Close()
 
@@ -499,7 +561,9 @@ class Trainer:
         iv, scalars = self._intervals, {}
         batch_size = self._input.params.batch_size
         for step in range(start + 1, self._max_steps + 1):
+            self._profiler.Before(step)
             result = self._RunStep(iterator, step, signals.received is not None)
+            self._profiler.After(step, step == self._max_steps)
             self._CheckFinite(step, result)
             self._global_step.assign(step)
             if step == start + 1:
@@ -546,6 +610,12 @@ class _SummaryWriter:
     def StartRates(self, step: int) -> None:
         """Rates count from now, the end of step `step` (the run's first)."""
         self._last = (step, time.monotonic())
+
+    def WriteParams(self, step: int, text: str) -> None:
+        """The params as the text summary `params` (indented: Markdown shows it as is)."""
+        with self._writer.as_default(step=step):
+            tf.summary.text("params", "\n".join("    " + line for line in text.splitlines()))
+        self._writer.flush()
 
     def Write(self, step: int, scalars: dict[str, float]) -> None:
         now = time.monotonic()
