@@ -4,6 +4,12 @@ Accelerators come first: TPU cores when present, else GPUs, else the CPU's
 logical devices. `SetLogicalCpuDevices(n)` splits the one physical CPU into n
 logical devices so that a pipeline can be built and tested on a machine without
 accelerators; it must run before TensorFlow initializes its devices.
+
+Devices of this process have short names ('/device:GPU:1'). Once a client has
+connected to a cluster (`tf.config.experimental_connect_to_cluster`, see
+lingpipe.runners.hosts), the devices of other processes keep their full names
+('/job:worker/replica:0/task:1/device:CPU:0'): `TaskDevices` lists them per task,
+and `CanonicalDevice` accepts them, so that stages can be placed on other hosts.
 """
 
 from __future__ import annotations
@@ -74,9 +80,11 @@ def AvailableDevices(device_type: str | None = None) -> list[str]:
     else:
         kinds = list(_ACCELERATOR_ORDER)
     for kind in kinds:
-        devices = tf.config.list_logical_devices(kind)
+        # A client connected to a cluster lists the other tasks' devices too: not ours.
+        devices = [d for d in tf.config.list_logical_devices(kind) if _IsLocal(_Spec(d.name))]
         if devices:
-            return [_ShortName(d.name) for d in devices]
+            # A connected client lists its own devices twice (short and full name).
+            return list(dict.fromkeys(_ShortName(d.name) for d in devices))
     return []
 
 
@@ -169,11 +177,85 @@ def CanonicalDevice(name: str) -> str:
         spec = tf.DeviceSpec.from_string(name if name.startswith("/") else "/device:" + name)
     except (ValueError, TypeError) as e:
         raise ValueError(f"device name {name!r} is not a TensorFlow device name") from e
-    existing = {_ShortName(d.name) for d in tf.config.list_logical_devices()}
     short = f"/device:{(spec.device_type or '').upper()}:{spec.device_index}"
+    if spec.job is not None and not _IsLocal(spec):
+        full = f"/job:{spec.job}/replica:{spec.replica or 0}/task:{spec.task or 0}{short}"
+        remote = sorted(d for task in TaskDevices(spec.job).values() for d in task)
+        if full not in remote:
+            raise ValueError(
+                f"device {name!r} does not exist; the job {spec.job!r} of the connected "
+                f"cluster has {remote or 'no devices (is this process connected to it?)'}"
+            )
+        return full
+    existing = {_ShortName(d.name) for d in _LogicalDevices() if _IsLocal(_Spec(d.name))}
     if short not in existing:
         raise ValueError(f"device {name!r} does not exist; this process has {sorted(existing)}")
     return short
+
+
+def TaskDevices(job: str = "worker", device_type: str | None = None) -> dict[int, list[str]]:
+    """{task index: full device names} of `job`'s tasks in the connected cluster.
+
+    Each task's devices come accelerators first (TPU, GPU, then CPU), each kind in
+    index order; `device_type` keeps one kind. Empty when this process is not
+    connected to a cluster with that job.
+    """
+    out: dict[int, list[str]] = {}
+    for d in _LogicalDevices():
+        spec = _Spec(d.name)
+        if spec.job != job or _IsLocal(spec):
+            continue
+        if device_type is not None and spec.device_type != device_type.upper():
+            continue
+        out.setdefault(spec.task or 0, []).append(
+            f"/job:{job}/replica:{spec.replica or 0}/task:{spec.task or 0}"
+            f"/device:{spec.device_type}:{spec.device_index}"
+        )
+
+    def Order(name: str) -> tuple[int, int]:
+        spec = _Spec(name)
+        kind = spec.device_type
+        rank = (
+            _ACCELERATOR_ORDER.index(kind)
+            if kind in _ACCELERATOR_ORDER
+            else len(_ACCELERATOR_ORDER)
+        )
+        return rank, spec.device_index or 0
+
+    return {task: sorted(names, key=Order) for task, names in sorted(out.items())}
+
+
+def HostOf(device: str) -> str:
+    """'worker 1' for a device of task 1 of job worker; 'local' for this process's devices."""
+    spec = _Spec(device)
+    if spec.job is None or _IsLocal(spec):
+        return "local"
+    return f"{spec.job} {spec.task or 0}"
+
+
+def _LogicalDevices() -> list:
+    return tf.config.list_logical_devices()
+
+
+def _Spec(name: str) -> tf.DeviceSpec:
+    return tf.DeviceSpec.from_string(name if name.startswith("/") else "/device:" + name)
+
+
+def _LocalTask() -> tuple[str, int] | None:
+    """(job, task) of this process in the connected cluster; None when not connected."""
+    from tensorflow.python.eager import context
+
+    server_def = context.get_server_def()
+    if server_def is None:
+        return None
+    return server_def.job_name, server_def.task_index
+
+
+def _IsLocal(spec: tf.DeviceSpec) -> bool:
+    """Whether a device spec names this process (no job, 'localhost', or its own task)."""
+    if spec.job is None or spec.job == "localhost":
+        return True
+    return (spec.job, spec.task or 0) == _LocalTask()
 
 
 def _ShortName(full_name: str) -> str:

@@ -38,7 +38,7 @@ from absl import app, flags, logging
 from lingpipe.runners import startup
 
 MODES = ("train", "eval", "train_and_eval", "inspect_params", "inspect_model")
-STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
+STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "hosts")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
@@ -88,14 +88,17 @@ flags.DEFINE_enum(
     "default",
     STRATEGIES,
     "tf.distribute strategy: default (one replica on this host), mirrored (replicas "
-    "on this host's devices), multi_worker (replicas over the hosts of TF_CONFIG), tpu.",
+    "on this host's devices), multi_worker (replicas over the hosts of TF_CONFIG), tpu, "
+    "hosts (one pipeline whose stages live on the workers of TF_CONFIG, each running "
+    "python -m lingpipe.worker; this trainer is the chief).",
 )
 flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu.")
 flags.DEFINE_float(
     "collective_timeout_s",
     None,
     "multi_worker: seconds a gradient all-reduce may wait for the other workers before "
-    "the run fails (None: wait forever).",
+    "the run fails (None: wait forever). hosts: seconds to wait for every worker to "
+    "answer at start-up (None: 60).",
 )
 flags.DEFINE_integer(
     "logical_devices",

@@ -11,6 +11,10 @@ per strategy (`BuildLayout(name, ...)` picks it):
                    runs its own replicas over its local devices, as `mirrored` does.
     tpu            TPUStrategy with a DeviceAssignment of K cores per replica
                    (lingpipe.tpu).
+    hosts          one replica whose stages live on other hosts: the workers of
+                   TF_CONFIG, each running `python -m lingpipe.worker`; this process
+                   is the chief, the client of TensorFlow's distributed runtime
+                   (lingpipe.runners.hosts).
 
 On CPU, GPU and multi-worker layouts each local replica has its own copy of the
 task, built inside `cluster.ReplicaDevices(group)` so that its pipeline's weights
@@ -116,11 +120,15 @@ class Layout:
         fprop = tf.function(lambda batch: task.FProp(task.theta, batch), autograph=False)
         fprop.get_concrete_function(element_spec)
 
-    def MakeTrainer(self, tasks: list, train_input, logdir: str, **kwargs: Any):
-        """The train loop of `tasks` (see train_loop.Trainer for `kwargs`)."""
+    def TrainerClass(self) -> Callable[..., Any]:
+        """The class of the train loop (train_loop.Trainer or a subclass)."""
         from lingpipe.runners import train_loop
 
-        return train_loop.Trainer(
+        return train_loop.Trainer
+
+    def MakeTrainer(self, tasks: list, train_input, logdir: str, **kwargs: Any):
+        """The train loop of `tasks` (see train_loop.Trainer for `kwargs`)."""
+        return self.TrainerClass()(
             tasks,
             self.strategy,
             train_input,
@@ -355,8 +363,56 @@ class TpuLayout(Layout):
         step.get_concrete_function(element_spec)
 
 
+class HostsLayout(Layout):
+    """One replica whose stages live on the workers of TF_CONFIG (lingpipe.runners.hosts).
+
+    This process is the chief: it connects to the workers, places stage k on the
+    k-th of their devices (worker 0's first), reads the data and writes the
+    checkpoints, summaries and results. `collective_timeout_s` bounds the wait for
+    the workers at start-up (default hosts.DEFAULT_TIMEOUT_S).
+    """
+
+    name = "hosts"
+
+    def __init__(self, groups: list[list[str]], cluster_spec) -> None:
+        super().__init__(tf.distribute.get_strategy(), groups)
+        self.cluster = cluster_spec
+
+    @classmethod
+    def Build(cls, num_stages: int, tpu: str | None, collective_timeout_s: float | None) -> Layout:
+        from lingpipe.runners import hosts
+
+        timeout_s = collective_timeout_s or hosts.DEFAULT_TIMEOUT_S
+        try:
+            cluster_spec = hosts.ReadCluster(os.environ.get("TF_CONFIG"))
+            task_devices = hosts.Connect(cluster_spec, timeout_s)
+            groups = hosts.StageGroups(task_devices, num_stages)
+        except ValueError as e:
+            raise startup.UsageError(f"--strategy=hosts: {e}") from None
+        # Data parallel over several cross-host pipelines would all-reduce through
+        # this client; one replica until that is measured (the rest stay idle).
+        return cls(groups[:1], cluster_spec)
+
+    def TrainerClass(self) -> Callable[..., Any]:
+        from lingpipe.runners import hosts
+
+        cluster_spec = self.cluster
+        return lambda *args, **kwargs: hosts.HostsTrainer(*args, cluster=cluster_spec, **kwargs)
+
+    def Describe(self) -> str:
+        from lingpipe.runners import hosts
+
+        return (
+            f"strategy=hosts: 1 replica of {len(self.groups[0])} stage(s) over "
+            f"{len({hosts.Task(d) for d in self.groups[0]})} of the "
+            f"{len(self.cluster.workers)} worker(s); this process is the chief "
+            f"{self.cluster.chief}\n" + hosts.DescribeStages(self.groups, self.cluster)
+        )
+
+
 LAYOUTS = {
-    layout.name: layout for layout in (DefaultLayout, MirroredLayout, MultiWorkerLayout, TpuLayout)
+    layout.name: layout
+    for layout in (DefaultLayout, MirroredLayout, MultiWorkerLayout, TpuLayout, HostsLayout)
 }
 
 

@@ -1,0 +1,165 @@
+"""A TensorFlow server for one task of a cluster: the host of some pipeline stages.
+
+    TF_CONFIG='{"cluster": {"chief": ["10.0.0.1:2222"],
+                            "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]},
+                "task": {"type": "worker", "index": 0}}' \\
+      python -m lingpipe.worker --logical_devices=4
+
+(also installed as the `lingpipe-worker` command). The worker serves its task's
+address from TF_CONFIG and offers its accelerators, or its CPU split into
+`--logical_devices` devices, to the trainer (`--strategy=hosts`), which connects
+as the cluster's `chief`, places variables and stages on the workers' devices and
+runs the steps. The worker prints one line per device it offers and then waits
+until it is stopped: SIGTERM or SIGINT exit with status 0. It keeps no state of
+its own; the trainer writes the checkpoints, so a worker restarted on the same
+address serves a resumed run.
+
+Exit status: 0 stopped by SIGTERM or SIGINT, 2 bad TF_CONFIG or flags, 1 the
+server could not start (its address is in use, say).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+
+PROG = "lingpipe.worker"
+_EXAMPLE = (
+    'TF_CONFIG=\'{"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222"]}, '
+    '"task": {"type": "worker", "index": 0}}\''
+)
+
+
+class WorkerError(ValueError):
+    """A TF_CONFIG or flag the user must fix; the message says what was expected."""
+
+
+def ReadTask(raw: str | None) -> tuple[dict, str, int]:
+    """(cluster, task type, task index) of TF_CONFIG, checked.
+
+    Raises:
+      WorkerError: TF_CONFIG unset, not JSON, or its task not one of its cluster's.
+    """
+    if not raw:
+        raise WorkerError(f"TF_CONFIG is not set; expected e.g. {_EXAMPLE}")
+    try:
+        config = json.loads(raw)
+        cluster, task = config["cluster"], config["task"]
+        task_type, index = task["type"], int(task["index"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise WorkerError(
+            f"TF_CONFIG={raw!r} cannot be read ({type(e).__name__}: {e}); expected {_EXAMPLE}"
+        ) from None
+    tasks = cluster.get(task_type) if isinstance(cluster, dict) else None
+    if not isinstance(tasks, list) or not 0 <= index < len(tasks):
+        raise WorkerError(
+            f"in TF_CONFIG={raw!r} the task ({task_type!r}, {index}) is not in the cluster "
+            f"(its {task_type!r} job has {len(tasks) if isinstance(tasks, list) else 0} "
+            f"task(s)); expected {_EXAMPLE}"
+        )
+    if task_type == "chief":
+        raise WorkerError(
+            f"in TF_CONFIG={raw!r} the task is the chief, which is the trainer "
+            "(python -m lingpipe.trainer --strategy=hosts); give each worker a "
+            '"task": {"type": "worker", "index": i}'
+        )
+    return cluster, task_type, index
+
+
+def OfferedDevices(task_type: str, index: int, num_cpus: int, num_gpus: int) -> list[str]:
+    """Full names of the devices the server offers, accelerators first."""
+    prefix = f"/job:{task_type}/replica:0/task:{index}"
+    gpus = [f"{prefix}/device:GPU:{i}" for i in range(num_gpus)]
+    return gpus + [f"{prefix}/device:CPU:{i}" for i in range(num_cpus)]
+
+
+def StartServer(cluster: dict, task_type: str, index: int, logical_devices: int):
+    """Starts the task's `tf.distribute.Server`; returns (server, offered device names)."""
+    import tensorflow as tf
+
+    num_cpus = max(logical_devices, 1)
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": num_cpus})
+    num_gpus = len(tf.config.list_physical_devices("GPU"))
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(cluster),
+        job_name=task_type,
+        task_index=index,
+        protocol="grpc",
+        config=config,
+        start=True,
+    )
+    return server, OfferedDevices(task_type, index, num_cpus, num_gpus)
+
+
+def WaitForStop() -> str:
+    """Blocks until SIGTERM or SIGINT; returns the signal's name."""
+    received: list[str] = []
+    done = threading.Event()
+
+    def Handle(signum, frame) -> None:
+        received.append(signal.Signals(signum).name)
+        done.set()
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, Handle)
+    # A timed wait, so that the handler runs (Python runs handlers between bytecodes;
+    # the server's own join() would hold the main thread in C++ for good).
+    while not done.wait(0.5):
+        pass
+    return received[0]
+
+
+def _Flags(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--logical_devices",
+        type=int,
+        default=0,
+        help="Split this host's CPU into this many devices for stages (0: one CPU device). "
+        "GPUs, when present, are offered as they are.",
+    )
+    flags = parser.parse_args(argv)
+    if not 0 <= flags.logical_devices <= 64:
+        parser.error(
+            f"--logical_devices: expected an integer in [0, 64], received {flags.logical_devices}"
+        )
+    return flags
+
+
+def main(argv: list[str] | None = None) -> int:
+    flags = _Flags(sys.argv[1:] if argv is None else argv)
+    try:
+        cluster, task_type, index = ReadTask(os.environ.get("TF_CONFIG"))
+    except WorkerError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    address = cluster[task_type][index]
+    try:
+        _, devices = StartServer(cluster, task_type, index, flags.logical_devices)
+    except Exception as e:  # noqa: BLE001 - TensorFlow raises several kinds here
+        reason = " ".join(str(e).split())[:300]
+        print(
+            f"{PROG}: error: cannot serve {address}: {type(e).__name__}: {reason}", file=sys.stderr
+        )
+        return 1
+    print(f"{PROG}: serving {task_type} {index} at {address} with {len(devices)} device(s):")
+    for d in devices:
+        print(f"  {d}")
+    print(f"{PROG}: ready", flush=True)
+    name = WaitForStop()
+    print(f"{PROG}: stopped by {name}", flush=True)
+    # The server has no clean shutdown; its threads would keep a normal exit waiting.
+    os._exit(0)
+
+
+def Run() -> None:
+    """Entry point of `python -m lingpipe.worker` and the `lingpipe-worker` command."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    Run()
