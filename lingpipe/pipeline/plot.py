@@ -89,7 +89,7 @@ def _Figure(sched: Schedule, bars: Sequence[Bar], unit: str, title: str) -> Any:
     ax.set_yticks(range(sched.num_devices))
     ax.set_yticklabels([f"device {d}" for d in range(sched.num_devices)])
     ax.set_ylim(sched.num_devices - 0.5, -0.5)
-    ax.set_xlim(0, span)
+    ax.set_xlim(min((start for _, start, _, _ in bars), default=0.0), span)
     ax.set_xlabel(unit)
     ax.set_title(title, fontsize=9)
     kinds = [k for k in COLOURS if any(a.kind == k for *_, a in bars)]
