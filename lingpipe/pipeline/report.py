@@ -1,8 +1,24 @@
-"""PartitionReport: per stage, its device, cells, parameters, FLOPs and boundary bytes."""
+"""PartitionReport: per stage, its device, cells, parameters, FLOPs and boundary bytes.
+
+When the stages live on more than one host (devices of other tasks, as under
+`--strategy=hosts`), the table gains a column with the bytes that cross from a
+stage to the next stage's host per step: every micro-batch's boundary activations
+forward and, of the same size, their gradients backward.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import re
+
+_TASK = re.compile(r"/job:([^/]+)/replica:\d+/task:(\d+)")
+
+
+def Host(device: str) -> str:
+    """The host of a device name: 'worker 1' for '/job:worker/replica:0/task:1/device:CPU:0',
+    'local' for a device of this process ('/device:CPU:1')."""
+    match = _TASK.search(device)
+    return f"{match.group(1)} {match.group(2)}" if match else "local"
 
 
 @dataclasses.dataclass
@@ -24,6 +40,25 @@ class PartitionReport:
     num_micro_batches: int
     stages: list[StageReport]
 
+    def CrossHostBytes(self) -> list[int | None]:
+        """Per stage, the bytes per step that cross from it to the next stage's host:
+        M micro-batches' boundary activations forward plus their gradients backward
+        (0 when the next stage is on the same host or there is none; None when the
+        boundary sizes are unknown)."""
+        out: list[int | None] = []
+        for s, after in zip(self.stages, self.stages[1:] + [None]):
+            if after is None or Host(s.device) == Host(after.device):
+                out.append(0)
+            elif s.boundary_bytes is None:
+                out.append(None)
+            else:
+                out.append(2 * s.boundary_bytes * self.num_micro_batches)
+        return out
+
+    @property
+    def num_hosts(self) -> int:
+        return len({Host(s.device) for s in self.stages})
+
     @property
     def imbalance(self) -> float:
         """Most expensive stage / mean stage cost (1.0 is perfect balance)."""
@@ -33,7 +68,11 @@ class PartitionReport:
 
     def __str__(self) -> str:
         rows = [("stage", "device", "cells", "params", "GFLOPs", "boundary KiB", "cost")]
-        for s in self.stages:
+        hosts = self.num_hosts > 1
+        if hosts:
+            rows[0] += ("to next host KiB/step",)
+        crossing = self.CrossHostBytes()
+        for s, cross in zip(self.stages, crossing):
             span = s.cells[0] if len(s.cells) == 1 else f"{s.cells[0]}..{s.cells[-1]}"
             rows.append(
                 (
@@ -46,10 +85,19 @@ class PartitionReport:
                     f"{s.cost:.4g}",
                 )
             )
+            if hosts:
+                rows[-1] += ("?" if cross is None else "" if not cross else f"{cross / 1024:.1f}",)
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines.append(
             f"partition={self.policy} micro_batches={self.num_micro_batches} "
             f"imbalance={self.imbalance:.3f} (max stage cost / mean)"
         )
+        if hosts:
+            known = [c for c in crossing if c is not None]
+            total = "?" if len(known) < len(crossing) else f"{sum(known) / 1024:.1f} KiB"
+            lines.append(
+                f"{self.num_hosts} hosts: {total} cross between hosts per step (each "
+                "micro-batch's boundary activations forward, their gradients backward)"
+            )
         return "\n".join(lines)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from lingpipe import base_layer
+from lingpipe import base_layer, cluster
 from lingpipe.layers import gpipe
 
 
@@ -61,13 +61,16 @@ def _Size(v: tf.Variable) -> int:
 
 
 def _Device(v: tf.Variable) -> str:
-    """'CPU:1' of '/job:localhost/replica:0/task:0/device:CPU:1'."""
+    """'CPU:1' of '/job:localhost/replica:0/task:0/device:CPU:1'; 'worker 1/CPU:0' of a
+    variable on another host ('/job:worker/replica:0/task:1/device:CPU:0')."""
     spec = tf.DeviceSpec.from_string(v.device or "")
     if spec.device_type is None:
         return "?"
-    if spec.device_index is None:
-        return spec.device_type
-    return f"{spec.device_type}:{spec.device_index}"
+    name = (
+        spec.device_type if spec.device_index is None else f"{spec.device_type}:{spec.device_index}"
+    )
+    host = cluster.HostOf(v.device)
+    return name if host == "local" else f"{host}/{name}"
 
 
 def _Rows(layer: base_layer.BaseLayer, label: str, depth: int, rows: list) -> int:
