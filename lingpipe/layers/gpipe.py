@@ -31,7 +31,7 @@ import tensorflow as tf
 from lingpipe import asserts, base_layer, cluster, hyperparams, seeds
 from lingpipe.layers import normalization, sequential
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import costs, executor, micro_batch, partition, placement, schedule
+from lingpipe.pipeline import costs, executor, micro_batch, partition, placement, schedule, xla
 from lingpipe.pipeline import report as report_lib
 from lingpipe.pipeline.stage_call import GradientAccumulator, PlainCall, StageCall
 from lingpipe.pipeline.stage_context import StageContext
@@ -90,6 +90,13 @@ class PipeliningLayer(base_layer.BaseLayer):
             "FProp under a caller's tape always runs fill-drain.",
         )
         p.Define(
+            "jit_compile_stages",
+            False,
+            "Compile each stage's work with XLA for its device (tf.function(jit_compile=True) "
+            "per stage function: its forward, recomputation and gradient), see "
+            "lingpipe.pipeline.xla. Cells must not use batch norm.",
+        )
+        p.Define(
             "num_virtual_stages",
             1,
             "Chunks of the cells per device (interleaved_1f1b): the cells are cut into "
@@ -131,6 +138,8 @@ class PipeliningLayer(base_layer.BaseLayer):
                     self.CreateChild(f"cell_{i}", cells[i])
         self._num_cells = len(cells)
         object.__setattr__(self, "_seen_shapes", None)
+        if p.jit_compile_stages:
+            self._CheckCompilable()
 
     # ---- Construction helpers ----------------------------------------------
 
@@ -215,6 +224,25 @@ class PipeliningLayer(base_layer.BaseLayer):
             return partition.CheckCounts(p.partition, len(cells), num_chunks)
         except ValueError as e:
             raise ValueError(f"{self.path}: {e}") from None
+
+    def _CheckCompilable(self) -> None:
+        """Refuses jit_compile_stages for cells with batch norm: their statistics are
+        recorded as tensors of the stage's function and would leak out of it."""
+        todo = [(f"cell_{i}", c) for i, c in enumerate(self.Cells())]
+        while todo:
+            name, layer = todo.pop()
+            if isinstance(layer, normalization.BatchNormLayer):
+                raise ValueError(
+                    f"{self.path}: jit_compile_stages=True cannot compile {layer.path} "
+                    f"(BatchNormLayer in {name}): its batch statistics leave the stage's "
+                    "function; set jit_compile_stages=False or use LayerNorm"
+                )
+            for child in layer.children.values():
+                todo.extend((name, c) for c in (child if isinstance(child, list) else [child]))
+
+    def _Compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`fn` compiled with XLA per call when p.jit_compile_stages, else `fn`."""
+        return xla.Compiled(fn) if self.params.jit_compile_stages else fn
 
     # ---- Introspection ------------------------------------------------------
 
@@ -370,7 +398,7 @@ class PipeliningLayer(base_layer.BaseLayer):
             for k, m in tick:
                 recompute = p.remat == "always" or (p.remat == "except_last" and m < num_micro - 1)
                 idx = self._stage_cells[k]
-                run = lambda th, a, idx=idx: self._RunCells(idx, th, a)  # noqa: E731
+                run = self._Compiled(lambda th, a, idx=idx: self._RunCells(idx, th, a))
                 after = [] if last_out[k] is None else tf.nest.flatten(last_out[k])[:1]
                 out = Call(
                     run,
@@ -428,6 +456,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         inputs: Any,
         loss_fn: Callable[[Any, Any], NestedMap],
         loss_inputs: Any = None,
+        loss_scale: tf.Tensor | None = None,
     ) -> NestedMap:
         """One training step's forward and backward, in the order of `p.schedule`.
 
@@ -442,6 +471,8 @@ class PipeliningLayer(base_layer.BaseLayer):
             weight) metrics with 'loss' (scalars), run on the last stage's device.
           loss_inputs: a structure split into micro-batches with the inputs (the
             task's input batch, say) and handed to loss_fn; None gives loss_fn None.
+          loss_scale: float16's loss scale (a float scalar), or None: the backward
+            starts from the scaled losses; the gradients returned are unscaled.
 
         Returns:
           NestedMap(metrics: the weighted means of loss_fn's metrics over the
@@ -470,7 +501,14 @@ class PipeliningLayer(base_layer.BaseLayer):
         kept = self.KeptActivations(sched)
         with normalization.BatchNormStats() as stats:
             result = executor.Run(
-                sched, stages, micro_args, loss_fn, micro_loss, lambda s, m: (s, m) in kept, context
+                sched,
+                stages,
+                micro_args,
+                loss_fn,
+                micro_loss,
+                lambda s, m: (s, m) in kept,
+                context,
+                loss_scale,
             )
         stats.Apply()
         theta_grads = NestedMap()
@@ -489,7 +527,7 @@ class PipeliningLayer(base_layer.BaseLayer):
             th = tf.nest.pack_sequence_as(theta, weights)
             return self._RunCells(idx, [th[f"cell_{i}"] for i in idx], sequential.AsArgs(inputs))
 
-        return Run
+        return self._Compiled(Run)
 
     def FPropSequential(self, theta: NestedMap, *args: Any) -> Any:
         """The reference: the same cells and micro-batches, one after another, no devices.

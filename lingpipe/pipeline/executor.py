@@ -24,6 +24,13 @@ task's (value, weight) metrics say: sum_m loss_m w_m / sum_m w_m. Each backward
 starts from d(loss_m w_m), so it needs no other micro-batch; the sums are scaled
 by 1 / sum_m w_m at the end, on each gradient's device. The weights w_m are
 counts (tokens, examples) and get no gradient.
+
+Mixed precision (lingpipe.pipeline.precision): the stages compute in their cells'
+dtype, so activations and the gradients between stages are in it; each micro-
+batch's loss and each weight gradient are taken to float32 before they are
+summed. With a `loss_scale` (float16's dynamic loss scaling) each backward starts
+from d(loss_m w_m * loss_scale), so small gradients survive float16, and the
+final scaling by 1 / (sum_m w_m * loss_scale) undoes it, in float32.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from typing import Any
 import tensorflow as tf
 
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import simulate
+from lingpipe.pipeline import precision, simulate
 from lingpipe.pipeline.schedule import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Schedule
 from lingpipe.pipeline.stage_context import Entered, StageContext
 
@@ -107,8 +114,11 @@ def CheckMetrics(metrics: Any, where: str = "loss_fn") -> NestedMap:
 class _Step:
     """The state of one traced step: what each action left for the next ones."""
 
-    def __init__(self, sched, stages, micro_inputs, loss_fn, loss_inputs, keep, context):
+    def __init__(
+        self, sched, stages, micro_inputs, loss_fn, loss_inputs, keep, context, loss_scale=None
+    ):
         self.sched, self.stages, self.keep, self.context = sched, stages, keep, context
+        self.loss_scale = loss_scale
         self.micro_inputs, self.loss_fn, self.loss_inputs = micro_inputs, loss_fn, loss_inputs
         self.outputs: dict = {}  # (s, m) -> forward outputs
         self.kept: dict = {}  # (s, m) -> (tape, outputs, objective) of a kept forward
@@ -138,12 +148,19 @@ class _Step:
                     metrics = CheckMetrics(self.loss_fn(outputs, self.loss_inputs[m]))
                     if not ctx.recompute:
                         self.metrics[m] = metrics
-                    value, weight = metrics.loss
-                    objective = value * tf.stop_gradient(tf.cast(weight, value.dtype))
+                    objective = self._Objective(*metrics.loss)
         finally:
             if tape is not None:
                 tape.__exit__(None, None, None)
         return tape, outputs, objective
+
+    def _Objective(self, value: tf.Tensor, weight: Any) -> tf.Tensor:
+        """What the micro-batch's backward starts from: loss_m * w_m (* loss_scale)."""
+        value = precision.ForAccumulation(tf.convert_to_tensor(value))
+        objective = value * tf.stop_gradient(tf.cast(weight, value.dtype))
+        if self.loss_scale is not None:
+            objective *= tf.stop_gradient(tf.cast(self.loss_scale, value.dtype))
+        return objective
 
     def DoForward(self, s: int, m: int) -> list:
         tape, outputs, objective = self.Forward(s, m, self.context(s, m))
@@ -189,8 +206,10 @@ class _Step:
         n = len(in_pos) + len(weights)
         weight_grads = [None] * len(stage.weights)
         for i, g in zip(w_pos, grads[len(in_pos) : n]):
-            weight_grads[i] = _Dense(g)
-        extra_grads = {v.ref(): _Dense(g) for v, g in zip(extras, grads[n:])}
+            weight_grads[i] = precision.ForAccumulation(_Dense(g))
+        extra_grads = {
+            v.ref(): precision.ForAccumulation(_Dense(g)) for v, g in zip(extras, grads[n:])
+        }
         return input_grads, weight_grads, extra_grads
 
     def Accumulate(self, s: int, weight_grads: list, extra_grads: dict) -> list:
@@ -261,6 +280,7 @@ def Run(
     micro_loss_inputs: Sequence[Any],
     keep: Callable[[int, int], bool],
     context: Callable[[int, int], StageContext],
+    loss_scale: tf.Tensor | None = None,
 ) -> Result:
     """Runs `sched` (see the module docstring).
 
@@ -273,8 +293,11 @@ def Run(
       micro_loss_inputs: loss_fn's second argument, one per micro-batch.
       keep: whether stage s keeps micro-batch m's activations (else it recomputes).
       context: the StageContext of stage s on micro-batch m.
+      loss_scale: a float scalar the losses are multiplied by before the backward
+        and the gradients divided by after (None: 1); the gradients returned are
+        unscaled, and not finite where the scaled ones overflowed.
     """
-    step = _Step(sched, stages, micro_inputs, loss_fn, micro_loss_inputs, keep, context)
+    step = _Step(sched, stages, micro_inputs, loss_fn, micro_loss_inputs, keep, context, loss_scale)
     chain: list[list] = [[] for _ in range(sched.num_devices)]
     for a in simulate.Simulate(sched).order:
         s, m, d = a.stage, a.micro_batch, sched.DeviceOf(a.stage)
@@ -298,7 +321,8 @@ def Run(
 
 
 def _Finish(step: _Step, context: Callable[[int, int], StageContext]) -> Result:
-    """Weighted means of the metrics; every gradient scaled by 1 / the total loss weight."""
+    """Weighted means of the metrics; every gradient scaled by 1 / (the total loss
+    weight * the loss scale)."""
     last = step.sched.num_stages - 1
     with tf.device(context(last, 0).device), tf.name_scope("metrics"):
         metrics = NestedMap()
@@ -308,13 +332,16 @@ def _Finish(step: _Step, context: Callable[[int, int], StageContext]) -> Result:
             total = tf.add_n(weights)
             weighted = tf.add_n([tf.cast(v, tf.float32) * w for (v, _), w in zip(pairs, weights)])
             metrics[name] = (tf.math.divide_no_nan(weighted, total), total)
-        scale = tf.math.divide_no_nan(1.0, metrics.loss[1])
+        total = metrics.loss[1]
+        if step.loss_scale is not None:
+            total = total * tf.cast(step.loss_scale, tf.float32)
+        scale = tf.math.divide_no_nan(1.0, total)
 
     def Scaled(g: Any, device: str) -> Any:
         if g is None:
             return None
         with tf.device(device):
-            return g * tf.cast(scale, g.dtype)
+            return precision.Scale(g, scale)
 
     weight_grads = []
     for s, sums in enumerate(step.sums):
