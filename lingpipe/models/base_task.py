@@ -37,7 +37,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from lingpipe import asserts, base_layer, hyperparams, optimizers, schedules, seeds
+from lingpipe import asserts, base_layer, hyperparams, loss_scale, optimizers, schedules, seeds
 from lingpipe.layers import gpipe
 from lingpipe.nested_map import NestedMap
 
@@ -59,6 +59,13 @@ def _TrainParams() -> hyperparams.Params:
         "layers that do not set skip_lp_regularization.",
     )
     p.Define("max_steps", 1000, "Number of training steps.")
+    p.Define(
+        "loss_scale",
+        loss_scale.DynamicLossScale.Params(),
+        "Loss scaling of float16 training, used when the task's fprop_dtype is float16 "
+        "(None: none): the loss is multiplied by a scale before the backward; a step "
+        "whose gradients are not finite is skipped and the scale lowered.",
+    )
     return p
 
 
@@ -66,6 +73,12 @@ def _EvalParams() -> hyperparams.Params:
     p = hyperparams.Params()
     p.Define("samples_per_summary", 1000, "Examples to evaluate for one eval summary.")
     return p
+
+
+def _Scaled(g: tf.Tensor, factor: tf.Tensor) -> tf.Tensor:
+    """g * factor on g's device."""
+    with tf.device(g.device):
+        return g * tf.cast(factor, g.dtype)
 
 
 def _CheckNonNegative(value: Any, name: str, where: str) -> None:
@@ -103,6 +116,11 @@ def DefinePipelineParams(p: hyperparams.Params) -> hyperparams.Params:
         "'zero_bubble' (see lingpipe.pipeline.schedule).",
     )
     p.Define("num_virtual_stages", 1, "Chunks per device for schedule='interleaved_1f1b'.")
+    p.Define(
+        "jit_compile_stages",
+        False,
+        "Compile each stage's work with XLA for its device (see PipeliningLayer).",
+    )
     return p
 
 
@@ -111,7 +129,7 @@ def PipelineLayerParams(
 ) -> hyperparams.InstantiableParams:
     """The params of a task's `pipeline` child: `cells` cut by the knobs of
     DefinePipelineParams (num_stages, num_micro_batches, remat, partition,
-    schedule, num_virtual_stages)."""
+    schedule, num_virtual_stages, jit_compile_stages)."""
     return gpipe.PipeliningLayer.Params().Set(
         name="pipeline",
         cell_tpl=cells,
@@ -121,6 +139,7 @@ def PipelineLayerParams(
         partition=p.partition,
         schedule=p.schedule,
         num_virtual_stages=p.num_virtual_stages,
+        jit_compile_stages=p.jit_compile_stages if "jit_compile_stages" in p else False,
         input_shapes=input_shapes,
     )
 
@@ -153,6 +172,12 @@ class BaseTask(base_layer.BaseLayer):
         # object.__setattr__: plain Python state that tf.Module must not track.
         object.__setattr__(self, "_lr_schedule", tp.lr_schedule.Instantiate())
         object.__setattr__(self, "_optimizer", None)
+        object.__setattr__(self, "_loss_scale", None)
+        if tp.loss_scale is not None and self.fprop_dtype == tf.float16:
+            with tf.init_scope():
+                scale = tp.loss_scale.Instantiate()
+            object.__setattr__(self, "_loss_scale", scale)
+            self._track_trackable(scale, name="loss_scale")
 
     # ---- What subclasses define ----------------------------------------------
 
@@ -242,6 +267,11 @@ class BaseTask(base_layer.BaseLayer):
         return self._optimizer
 
     @property
+    def loss_scale(self) -> loss_scale.DynamicLossScale | None:
+        """The dynamic loss scale of p.train.loss_scale (checkpointed with the task), or None."""
+        return self._loss_scale
+
+    @property
     def lr_schedule(self) -> schedules.BaseSchedule:
         """The learning-rate schedule of p.train.lr_schedule."""
         return self._lr_schedule
@@ -289,7 +319,13 @@ class BaseTask(base_layer.BaseLayer):
                 l2_loss = self._L2Term()
                 metrics.l2_loss = (l2_loss, tf.ones([], tf.float32))
                 loss = loss + tf.cast(l2_loss, loss.dtype)
-        return metrics, tape.gradient(loss, self.trainable_variables)
+            if self._loss_scale is not None:
+                loss = tf.cast(loss, tf.float32) * self._loss_scale.value
+        grads = tape.gradient(loss, self.trainable_variables)
+        if self._loss_scale is not None:
+            inverse = 1.0 / self._loss_scale.value
+            grads = [None if g is None else _Scaled(g, inverse) for g in grads]
+        return metrics, grads
 
     def _ScheduledGradients(
         self, input_batch: NestedMap, step: int | tf.Tensor
@@ -305,7 +341,10 @@ class BaseTask(base_layer.BaseLayer):
             def LossFn(predictions: Any, batch: NestedMap) -> NestedMap:
                 return self._CheckMetrics(self.ComputeLoss(self.theta, predictions, batch))
 
-            out = pipeline.ForwardBackward(self.theta.pipeline, inputs, LossFn, input_batch)
+            scale = None if self._loss_scale is None else self._loss_scale.value
+            out = pipeline.ForwardBackward(
+                self.theta.pipeline, inputs, LossFn, input_batch, loss_scale=scale
+            )
         grads: dict = dict(out.variable_grads)
 
         def Add(v: Any, g: Any) -> None:
@@ -339,7 +378,10 @@ class BaseTask(base_layer.BaseLayer):
         """Clips `grads` by their global norm and applies them at the step's rate.
 
         Returns NestedMap(grad_norm, learning_rate) as (value, weight) pairs:
-        `grad_norm` is the global norm before clipping.
+        `grad_norm` is the global norm before clipping. With a loss scale (float16)
+        the update is applied only if every gradient is finite, and the metrics also
+        hold `loss_scale` (the scale the step used) and `skipped_step` (1.0 when the
+        gradients were not finite and nothing was applied, else 0.0).
         """
         tp = self.params.train
         # Each gradient's share of the norm, and its clipping, on the gradient's own
@@ -353,18 +395,32 @@ class BaseTask(base_layer.BaseLayer):
         clip = tp.clip_gradient_norm_to_value
         if clip > 0:
             scale = clip * tf.minimum(1.0 / grad_norm, 1.0 / clip)
-            clipped = []
-            for g in grads:
-                if g is None:
-                    clipped.append(None)
-                    continue
-                with tf.device(g.device):
-                    clipped.append(g * tf.cast(scale, g.dtype))
-            grads = clipped
+            grads = [None if g is None else _Scaled(g, scale) for g in grads]
         learning_rate = tp.learning_rate * self._lr_schedule.Value(step)
-        self.optimizer.Apply(grads, self.trainable_variables, learning_rate)
         one = tf.ones([], tf.float32)
-        return NestedMap(grad_norm=(grad_norm, one), learning_rate=(learning_rate, one))
+        metrics = NestedMap(grad_norm=(grad_norm, one), learning_rate=(learning_rate, one))
+        if self._loss_scale is None:
+            self.optimizer.Apply(grads, self.trainable_variables, learning_rate)
+        else:
+            metrics.update(self._ApplyIfFinite(grads, learning_rate))
+        return metrics
+
+    def _ApplyIfFinite(self, grads: list, learning_rate: tf.Tensor) -> NestedMap:
+        """The loss-scaled update: applies `grads` only if all are finite, then lowers
+        or raises the loss scale (lingpipe.loss_scale)."""
+        finite = loss_scale.AllFinite(grads)
+        used = tf.identity(self._loss_scale.value)
+
+        def Apply() -> tf.Tensor:
+            self.optimizer.Apply(grads, self.trainable_variables, learning_rate)
+            return tf.constant(True)
+
+        applied = tf.cond(finite, Apply, lambda: tf.constant(False))
+        with tf.control_dependencies([applied]):
+            self._loss_scale.Update(finite)
+        one = tf.ones([], tf.float32)
+        skipped = 1.0 - tf.cast(applied, tf.float32)
+        return NestedMap(loss_scale=(used, one), skipped_step=(skipped, one))
 
     def TrainStep(self, input_batch: NestedMap, step: int | tf.Tensor) -> NestedMap:
         """One training step on one replica (run it inside a tf.function).

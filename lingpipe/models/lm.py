@@ -317,13 +317,14 @@ class TransformerLm(base_task.BaseTask):
     ) -> NestedMap:
         """Weighted means over tokens, each as (value, total weight): `loss` (training
         cross-entropy), `log_pplx` (without label smoothing) and
-        `fraction_of_correct_next_step_preds`."""
-        weights = predictions.weights
+        `fraction_of_correct_next_step_preds`. Summed in float32 whatever the
+        compute dtype: a bfloat16 sum loses the small terms, a float16 one overflows."""
+        weights = tf.cast(predictions.weights, tf.float32)
         total = tf.reduce_sum(weights)
         denom = tf.maximum(total, 1e-8)
 
         def Mean(values: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            return tf.reduce_sum(values * weights) / denom, total
+            return tf.reduce_sum(tf.cast(values, tf.float32) * weights) / denom, total
 
         return NestedMap(
             loss=Mean(predictions.xent),

@@ -486,10 +486,14 @@ class Trainer:
 
     def _CheckFinite(self, step: int, result: StepResult) -> None:
         """Raises NonFiniteError, before anything of `step` is saved, if its loss, a
-        gradient or (after the update) a weight is not finite."""
+        gradient or (after the update) a weight is not finite. A step the task skipped
+        (metric `skipped_step`, float16's loss scaling) may have non-finite gradients."""
         loss, finite = float(result.metrics.loss[0]), result.grads_finite
         names = [v.name for v in self._task.trainable_variables]
-        if not (math.isfinite(loss) and finite.all()):
+        # A loss-scaled (float16) step whose gradients overflowed applied nothing: the
+        # task lowered its loss scale and said so; only the weights are checked then.
+        skipped = float(result.metrics.get("skipped_step", (0.0,))[0]) > 0
+        if not (math.isfinite(loss) and (finite.all() or skipped)):
             bad = [n for n, ok in zip(names, finite) if not bool(ok)]
             problem = (
                 f"the loss is {loss} and {len(bad)} of {len(finite)} gradients are not finite"
