@@ -37,7 +37,7 @@ from absl import app, flags, logging
 
 from lingpipe.runners import startup
 
-MODES = ("train", "eval", "train_and_eval", "inspect_params", "inspect_model")
+MODES = ("train", "eval", "train_and_eval", "inspect_params", "inspect_model", "export")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "hosts")
 
 FLAGS = flags.FLAGS
@@ -54,7 +54,31 @@ flags.DEFINE_enum(
     "train: train to train.max_steps; eval: evaluate the latest checkpoint on every "
     "dataset but Train; train_and_eval: train, evaluating every --eval_interval_steps "
     "and at the end; inspect_params: print the params; inspect_model: print the layer "
-    "tree and the pipeline's partition.",
+    "tree and the pipeline's partition; export: save the latest checkpoint's eval path "
+    "as a SavedModel (--export_dir) that TensorFlow alone loads.",
+)
+flags.DEFINE_enum(
+    "precision",
+    None,
+    ["float32", "bfloat16", "float16"],
+    "Compute dtype (sets the task's fprop_dtype); the weights stay float32. float16 "
+    "trains with the dynamic loss scale of train.loss_scale.",
+)
+flags.DEFINE_bool(
+    "jit_compile_stages",
+    None,
+    "Compile each pipeline stage's work with XLA for its device (sets the task's "
+    "jit_compile_stages).",
+)
+flags.DEFINE_string(
+    "export_dir",
+    None,
+    "--mode=export: where to write the SavedModel (default <logdir>/export/<step>).",
+)
+flags.DEFINE_bool(
+    "export_single_device",
+    False,
+    "--mode=export: save the model as one stage on one device instead of pipelined.",
 )
 flags.DEFINE_string(
     "params_override",
@@ -156,6 +180,37 @@ def _Overrides() -> startup.Overrides:
         num_virtual_stages=FLAGS.num_virtual_stages,
         seed=FLAGS.seed,
     )
+
+
+def _SetPrecision(task_params) -> None:
+    """--precision and --jit_compile_stages into the task's params."""
+    if FLAGS.precision is not None:
+        from lingpipe.pipeline import precision
+
+        task_params.fprop_dtype = precision.ComputeDtype(FLAGS.precision)
+    if FLAGS.jit_compile_stages is not None:
+        if "jit_compile_stages" not in task_params:
+            raise startup.UsageError(
+                f"--jit_compile_stages: the model {FLAGS.model} has no pipeline params "
+                "(base_task.DefinePipelineParams) to set"
+            )
+        task_params.jit_compile_stages = FLAGS.jit_compile_stages
+
+
+def _Export(tasks: list, plan, logdir: str) -> int:
+    """--mode=export: the newest checkpoint's eval path as a SavedModel."""
+    from lingpipe import export
+    from lingpipe.runners import checkpointer
+
+    if plan.checkpoint is None:
+        raise startup.UsageError(
+            f"--mode=export: no checkpoint in {plan.checkpoint_dir}; train first (--mode=train)"
+        )
+    step = checkpointer.RestoreLatest(plan.checkpoint_dir, tasks)
+    directory = FLAGS.export_dir or f"{logdir}/export/{step}"
+    export.Export(tasks[0], directory, single_device=FLAGS.export_single_device)
+    logging.info("Exported step %d to %s", step, directory)
+    return 0
 
 
 def _Logdir() -> str | None:
@@ -363,6 +418,7 @@ def _Run(scope: contextlib.ExitStack) -> int:
     from lingpipe.runners import inspect_model, preflight
 
     resolved = startup.ResolveParams(FLAGS.model, _Overrides())
+    _SetPrecision(resolved.task)
     if FLAGS.mode == "inspect_params":
         print(resolved.task.ToText(), end="")
         return 0
@@ -378,6 +434,8 @@ def _Run(scope: contextlib.ExitStack) -> int:
         logging.info("Pipeline %s:\n%s", path, report)
     if plan.batch_plan:
         logging.info("%s", plan.batch_plan)
+    if FLAGS.mode == "export":
+        return _Export(tasks, plan, logdir)
     if layout.is_chief:
         from lingpipe.runners import rundir
 

@@ -1,0 +1,109 @@
+"""Export: a task's eval path as a SavedModel that TensorFlow alone can load and run.
+
+    from lingpipe import export
+    export.Export(task, '/tmp/lm_export')                      # pipelined, as trained
+    export.Export(task, '/tmp/lm_one', single_device=True)     # all stages on one device
+
+    # Anywhere, with only TensorFlow installed:
+    loaded = tf.saved_model.load('/tmp/lm_export')
+    out = loaded.signatures['serving_default'](ids=..., labels=..., paddings=..., weights=...)
+
+The signature takes the task's input batch, one named tensor per leaf of the
+input generator's batch (`ids`, `labels`, ... for a language model; nested keys
+joined by '_'), with the input's static shapes; its outputs are the task's
+predictions in eval mode (no dropout, batch norm's moving statistics) and the
+values of its metrics, under the same flattened names (`xent`, `loss`, ...).
+
+Only the eval path is saved: training runs each stage as a custom gradient
+(`StageCall`), which a SavedModel cannot hold ("invalid capture ... custom
+gradients"); eval runs plain calls. The pipelined export keeps each stage's ops
+on the device it was trained on: a process with those devices (e.g. as many
+logical CPUs) runs it as a pipeline, one without them places the ops where it can
+(TensorFlow's soft placement). `single_device=True` rebuilds the task with one
+stage (on the first accelerator, else CPU:0), reads the trained weights into it
+by their layer paths, and saves that.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import tensorflow as tf
+
+from lingpipe import base_layer
+from lingpipe.models import base_task
+from lingpipe.nested_map import NestedMap
+
+SIGNATURE = "serving_default"
+
+
+def _Names(structure: Any, prefix: str = "") -> dict[str, Any]:
+    """{name: leaf} of a NestedMap (keys joined by '_'), a tensor, or a tuple/list."""
+    if isinstance(structure, dict):
+        items = NestedMap.FromNestedDict(dict(structure)).FlattenItems()
+        return {f"{prefix}{k.replace('.', '_')}": v for k, v in items}
+    leaves = tf.nest.flatten(structure)
+    if len(leaves) == 1 and not isinstance(structure, (tuple, list)):
+        return {prefix.rstrip("_") or "output": leaves[0]}
+    return {f"{prefix or 'output_'}{i}": leaf for i, leaf in enumerate(leaves)}
+
+
+def InputSpecs(task: base_task.BaseTask) -> dict[str, tf.TensorSpec]:
+    """The signature's inputs: the names and static specs of the task's input batch."""
+    spec = task.CreateInputGenerator().GetDataset().element_spec
+    names = _Names(spec)
+    return {k: tf.TensorSpec(s.shape, s.dtype, name=k) for k, s in names.items()}
+
+
+def _ServingFunction(task: base_task.BaseTask, specs: dict[str, tf.TensorSpec]) -> Any:
+    """tf.function(**batch) -> {name: tensor}: predictions and metric values, eval mode."""
+    template = NestedMap.FromNestedDict(dict(task.CreateInputGenerator().GetDataset().element_spec))
+    keys = [k for k, _ in template.FlattenItems()]
+
+    def Serve(**flat: tf.Tensor) -> dict[str, tf.Tensor]:
+        batch = template.Pack([flat[k.replace(".", "_")] for k in keys])
+        with base_layer.EvalMode():
+            predictions = task.ComputePredictions(task.theta, batch)
+            metrics = task.ComputeLoss(task.theta, predictions, batch)
+        outputs = _Names(predictions)
+        for name, (value, _) in metrics.items():
+            outputs[name if name not in outputs else f"metric_{name}"] = value
+        return outputs
+
+    return tf.function(Serve, input_signature=None, autograph=False).get_concrete_function(**specs)
+
+
+def SingleDeviceCopy(task: base_task.BaseTask) -> base_task.BaseTask:
+    """The task rebuilt with one pipeline stage, holding `task`'s weights (by layer path)."""
+    p = task.params.Copy()
+    if "num_stages" not in p:
+        raise ValueError(
+            f"{task.path}: single_device=True needs a pipelined task (params with "
+            f"num_stages), received {type(task).__name__}"
+        )
+    p.num_stages, p.num_virtual_stages = 1, 1
+    copy = p.Instantiate()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = tf.train.Checkpoint(task=task).write(os.path.join(tmp, "weights"))
+        tf.train.Checkpoint(task=copy).read(path).expect_partial().assert_existing_objects_matched()
+    return copy
+
+
+def Export(task: base_task.BaseTask, directory: str, single_device: bool = False) -> str:
+    """Saves `task`'s eval path as a SavedModel in `directory`; returns `directory`.
+
+    Args:
+      task: a built task whose params have an input (the signature's shapes).
+      directory: where to write (any path tf.io.gfile knows).
+      single_device: rebuild the task as one stage on one device before saving.
+    """
+    if single_device:
+        task = SingleDeviceCopy(task)
+    serve = _ServingFunction(task, InputSpecs(task))
+    root = tf.Module()
+    # Only the weights the eval path reads: not the optimizer, nor the loss scale.
+    root.weights = list(serve.variables)
+    tf.saved_model.save(root, directory, signatures={SIGNATURE: serve})
+    return directory
