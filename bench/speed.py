@@ -9,6 +9,10 @@ already use both cores inside every op, leaving a pipeline nothing to gain).
 Rows with `mode=forward` time inference (eval mode, no gradients); the others a
 training step (loss and all gradients). CPU timings are ratios only; absolute
 times mean something on a GPU.
+
+`--rows=precision` times the mixed-precision and XLA rows instead (PRECISION_CONFIGS):
+the training step of the tasks (`ForwardBackward`, 1F1B) in float32 and bfloat16,
+with and without `jit_compile_stages` (the plain stack: jit_compile over the step).
 """
 
 from __future__ import annotations
@@ -65,6 +69,74 @@ def Child(model, stages, micro, remat, threads, mode, steps):
     }
 
 
+def PrecisionChild(model, stages, micro, remat, precision, xla, steps):
+    """One row of PRECISION_CONFIGS: a 1F1B training step (the plain stack: a tape)."""
+    common.UseSpeedSizes()
+    common.Setup(max(stages, 1))
+    import tensorflow as tf
+
+    from lingpipe.layers import gpipe, sequential
+
+    dtype = tf.as_dtype(precision)
+    cells = [c.Set(fprop_dtype=dtype) for c in common.CellParams(model)]
+    inputs = tuple(tf.cast(x, dtype) for x in common.Inputs(model))
+    if stages == 0:
+        layer = sequential.SequentialLayer.Params().Set(name="plain", sub=cells).Instantiate()
+
+        def Step(*x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(tf.cast(layer(*x), tf.float32)))
+            return loss, tape.gradient(loss, layer.trainable_variables)
+
+        step = tf.function(Step, autograph=False, jit_compile=xla)
+    else:
+        layer = (
+            gpipe.PipeliningLayer.Params()
+            .Set(name="pipe", cell_tpl=cells, num_stages=stages, num_micro_batches=micro)
+            .Set(remat=remat, schedule="1f1b", jit_compile_stages=xla)
+            .Instantiate()
+        )
+        step = _ScheduledStep(layer)
+    ms = _Median(lambda: tf.nest.map_structure(lambda t: t.numpy(), step(*inputs)), steps)
+    return {"stages": stages or "plain", "micro_batches": micro, "remat": remat, "ms": ms}
+
+
+def _ScheduledStep(layer):
+    """tf.function: ForwardBackward's loss and gradients (the mean square of the outputs)."""
+    import tensorflow as tf
+
+    from lingpipe.nested_map import NestedMap
+
+    def Loss(outputs, _):
+        x = tf.cast(outputs, tf.float32)
+        return NestedMap(loss=(tf.reduce_mean(tf.square(x)), tf.cast(tf.size(x), tf.float32)))
+
+    def Step(*inputs):
+        out = layer.ForwardBackward(layer.theta, inputs, Loss)
+        return out.metrics.loss[0], tf.nest.flatten(out.theta_grads)
+
+    return tf.function(Step, autograph=False)
+
+
+def _Median(once, steps):
+    for _ in range(2):
+        once()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+# (stages, micro_batches, remat, precision, xla); stages 0 is the plain stack.
+PRECISION_CONFIGS = [
+    (s, m, r, prec, xla)
+    for s, m, r in ((0, 1, "never"), (2, 8, "never"), (2, 8, "always"))
+    for prec in ("float32", "bfloat16")
+    for xla in (False, True)
+]
+
 # (stages, micro_batches, remat, mode); stages 0 is the plain stack.
 CONFIGS = [
     (0, 1, "never", "train"),
@@ -89,10 +161,18 @@ def main() -> None:
     ap.add_argument("--threads", default="default,intra1_interK")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--config", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--rows", default="threads", choices=["threads", "precision"])
     ap.add_argument(
         "--out", default=os.path.join(os.path.dirname(__file__), "results", "speed.json")
     )
     args = ap.parse_args()
+    if args.child and args.rows == "precision":
+        k, m, remat, prec, xla = args.config.split(":")
+        row = PrecisionChild(args.models, int(k), int(m), remat, prec, xla == "1", args.steps)
+        print(json.dumps(row))
+        return
+    if args.rows == "precision":
+        return PrecisionMain(args)
     if args.child:
         k, m, remat, mode = args.config.split(":")
         row = Child(args.models, int(k), int(m), remat, args.threads, mode, args.steps)
@@ -132,6 +212,34 @@ def main() -> None:
     print(common.Table(rows, columns))
     common.WriteJson(args.out, {"machine": common.Machine(), "rows": rows})
     print(f"wrote {args.out}")
+
+
+def PrecisionMain(args) -> None:
+    """The PRECISION_CONFIGS rows; JSON in speed_precision.json beside --out."""
+    rows = []
+    for model in args.models.split(","):
+        for k, m, remat, prec, xla in PRECISION_CONFIGS:
+            flags = [f"--models={model}", f"--steps={args.steps}", "--rows=precision"]
+            config = f"--config={k}:{m}:{remat}:{prec}:{int(xla)}"
+            row = common.RunChild(__file__, flags + [config])
+            row.update(model=model, precision=prec, xla=xla)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    for r in rows:
+        base = [
+            b
+            for b in rows
+            if (b["model"], b.get("stages"), b.get("remat"), b["precision"])
+            == (r["model"], r.get("stages"), r.get("remat"), "float32")
+            and not b["xla"]
+        ]
+        if base and "ms" in r and "ms" in base[0]:
+            r["vs_float32"] = r["ms"] / base[0]["ms"]
+    columns = ["model", "stages", "micro_batches", "remat", "precision", "xla", "ms", "vs_float32"]
+    print(common.Table(rows, columns))
+    out = os.path.join(os.path.dirname(args.out), "speed_precision.json")
+    common.WriteJson(out, {"machine": common.Machine(), "rows": rows})
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
