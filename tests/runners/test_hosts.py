@@ -1,0 +1,289 @@
+"""Pipeline stages on other hosts (--strategy=hosts): worker processes on loopback.
+
+The workers are `python -m lingpipe.worker` processes on 127.0.0.1 at ports picked
+free; the clients (the trainer, or hosts_pipeline_client.py) run in their own
+processes, since connecting to a cluster changes TensorFlow's context for good.
+Every process a test starts is killed when the test (or the module) ends, however
+it ends, and every wait is bounded.
+"""
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from test_multi_worker import _FreePorts
+from test_trainer import _Command, _Env
+
+from lingpipe import worker
+from lingpipe.pipeline import report
+from lingpipe.runners import hosts
+
+HERE = os.path.dirname(__file__)
+DEADLINE_S = 240
+LM = "--model=lm.TransformerLmTiny"
+
+
+# ---- Processes -------------------------------------------------------------
+
+
+def _Cluster(num_workers):
+    chief, *workers = _FreePorts(num_workers + 1)
+    return {"chief": [f"127.0.0.1:{chief}"], "worker": [f"127.0.0.1:{p}" for p in workers]}
+
+
+def _TfConfig(spec, task_type, index):
+    return json.dumps({"cluster": spec, "task": {"type": task_type, "index": index}})
+
+
+def _StartWorker(spec, index, logdir, tag=""):
+    log = open(os.path.join(logdir, f"worker{index}{tag}.log"), "w")
+    env = dict(_Env(), TF_CONFIG=_TfConfig(spec, "worker", index))
+    return subprocess.Popen(
+        [sys.executable, "-m", "lingpipe.worker", "--logical_devices=2"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+
+
+def _Stop(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def Workers(spec, logdir, tag=""):
+    """Starts one worker per address of spec['worker']; kills them all at the end."""
+    procs = []
+    try:
+        for i in range(len(spec["worker"])):
+            procs.append(_StartWorker(spec, i, logdir, tag))
+        yield procs
+    finally:
+        _Stop(procs)
+
+
+@pytest.fixture(scope="module")
+def three_workers(tmp_path_factory):
+    """Three workers of 2 logical CPU devices each, shared by the module's tests."""
+    logdir = str(tmp_path_factory.mktemp("workers"))
+    spec = _Cluster(3)
+    with Workers(spec, logdir) as procs:
+        yield spec, procs, logdir
+
+
+def _Chief(spec, *flags, logdir, tag, wait=True):
+    """The trainer as the chief of `spec` (a fresh chief port); its Popen, or its exit code."""
+    spec = dict(spec, chief=[f"127.0.0.1:{_FreePorts(1)[0]}"])
+    env = dict(_Env(), TF_CONFIG=_TfConfig(spec, "chief", 0))
+    log = open(os.path.join(logdir, f"{tag}.log"), "w")
+    proc = subprocess.Popen(
+        _Command(LM, "--strategy=hosts", *flags), stdout=log, stderr=subprocess.STDOUT, env=env
+    )
+    if not wait:
+        return proc
+    try:
+        return proc.wait(timeout=DEADLINE_S)
+    finally:
+        _Stop([proc])
+
+
+def _Read(logdir, tag):
+    return open(os.path.join(logdir, f"{tag}.log")).read()
+
+
+def _Losses(log):
+    return {int(s): float(v) for s, v in re.findall(r"step (\d+)/\d+ .*?\bloss=([-\d.e]+)", log)}
+
+
+# ---- Fast: pure functions ----------------------------------------------------
+
+
+def test_stages_fill_each_workers_devices_in_order():
+    devices = {
+        0: ["/job:worker/replica:0/task:0/device:CPU:0", "/w0/device:CPU:1"],
+        1: ["/w1/device:GPU:0", "/w1/device:CPU:0"],
+    }
+    assert hosts.StageGroups(devices, 3) == [
+        ["/job:worker/replica:0/task:0/device:CPU:0", "/w0/device:CPU:1", "/w1/device:GPU:0"]
+    ]
+    with pytest.raises(ValueError, match=r"4 stages need 4 devices, but the 2 worker\(s\) offer 3"):
+        hosts.StageGroups(devices, 4)
+
+
+def test_tf_config_errors_say_what_the_trainer_and_worker_expect():
+    with pytest.raises(ValueError, match="TF_CONFIG, which is not set"):
+        hosts.ReadCluster(None)
+    with pytest.raises(ValueError, match=r"has 0 chief\(s\) and 2 worker\(s\); expected one chief"):
+        hosts.ReadCluster(json.dumps({"cluster": {"worker": ["a:1", "b:2"]}}))
+    spec = {"chief": ["c:1"], "worker": ["a:1"]}
+    with pytest.raises(ValueError, match=r"this process is task \('worker', 0\); the trainer"):
+        hosts.ReadCluster(_TfConfig(spec, "worker", 0))
+    assert hosts.ReadCluster(_TfConfig(spec, "chief", 0)) == hosts.Cluster("c:1", ("a:1",))
+    with pytest.raises(worker.WorkerError, match="the task is the chief, which is the trainer"):
+        worker.ReadTask(_TfConfig(spec, "chief", 0))
+    with pytest.raises(worker.WorkerError, match=r"task \('worker', 3\) is not in the cluster"):
+        worker.ReadTask(_TfConfig(spec, "worker", 3))
+
+
+def test_report_counts_the_bytes_that_cross_each_host_boundary_per_step():
+    w = "/job:worker/replica:0/task:{}/device:CPU:{}"
+    devices = [w.format(0, 0), w.format(0, 1), w.format(1, 0), w.format(1, 1)]
+    stages = [report.StageReport(k, d, [f"c{k}"], 1, 0, 1024, 1.0) for k, d in enumerate(devices)]
+    r = report.PartitionReport("uniform", 4, stages)
+    # 4 micro-batches x 1 KiB forward, as much back; only stage 1 -> 2 crosses hosts.
+    assert r.CrossHostBytes() == [0, 8192, 0, 0]
+    assert "2 hosts: 8.0 KiB cross between hosts per step" in str(r)
+    one_host = report.PartitionReport("uniform", 4, stages[:1])
+    assert "to next host" not in str(one_host) and "hosts:" not in str(one_host)
+
+
+# ---- Worker processes on loopback ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_pipeline_over_workers_equals_one_host_under_gpipe_and_1f1b(three_workers, tmp_path):
+    spec, _, _ = three_workers
+    spec = dict(spec, chief=[f"127.0.0.1:{_FreePorts(1)[0]}"])
+    out = str(tmp_path / "out.json")
+    client = [sys.executable, os.path.join(HERE, "hosts_pipeline_client.py"), json.dumps(spec), out]
+    done = subprocess.run(client, capture_output=True, text=True, timeout=DEADLINE_S, env=_Env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.load(open(out))
+    assert sorted(results) == [
+        f"{layout}/{s}" for layout in ("three_workers", "two_workers") for s in ("1f1b", "gpipe")
+    ]
+    for case, r in results.items():
+        assert r["loss"] == pytest.approx(r["want_loss"], rel=1e-5), case
+        assert r["num_grads"] == 16 and r["grad_diff"] < 1e-5, (case, r["grad_diff"])
+        assert r["variables_misplaced"] == [], case
+        assert r["ops_checked"]["F"] > 0 and r["ops_checked"]["B"] > 0, (case, r["ops_checked"])
+        assert r["ops_misplaced"] == [], (case, r["ops_misplaced"][:5])
+
+
+@pytest.mark.slow
+def test_trainer_over_two_workers_trains_as_one_host_and_restores_into_it(three_workers, tmp_path):
+    spec, _, _ = three_workers
+    two = dict(spec, worker=spec["worker"][:2])
+    hosts_dir, one_dir, other_dir = (str(tmp_path / n) for n in ("hosts", "one", "other"))
+    common = ["--num_stages=4", "--max_steps=40", "--log_interval_steps=1"]
+    code = _Chief(two, *common, f"--logdir={hosts_dir}", logdir=str(tmp_path), tag="hosts")
+    log = _Read(str(tmp_path), "hosts")
+    assert code == 0, log[-3000:]
+    assert f"stage 1 on worker 0 ({two['worker'][0]}) /device:CPU:1" in log
+    assert f"stage 2 on worker 1 ({two['worker'][1]}) /device:CPU:0" in log
+    assert re.search(r"2 hosts: [\d.]+ KiB cross between hosts per step", log)
+    one = subprocess.run(
+        _Command(LM, *common, f"--logdir={one_dir}", "--mode=train"),
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        env=_Env(),
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    got, want = _Losses(log), _Losses(one.stderr)
+    assert sorted(got) == list(range(1, 41)) and sorted(want) == sorted(got)
+    assert [got[s] for s in sorted(got)] == pytest.approx([want[s] for s in sorted(got)], abs=1e-4)
+    # The checkpoint (written by the client) restores into a one-host layout of 2 stages.
+    shutil.copytree(hosts_dir, other_dir)
+    evaluated = subprocess.run(
+        _Command(LM, "--num_stages=2", f"--logdir={other_dir}", "--mode=eval"),
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        env=_Env(),
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    dev = [json.load(open(os.path.join(d, "eval_dev.json"))) for d in (hosts_dir, other_dir)]
+    assert dev[1]["step"] == dev[0]["step"] == 40
+    assert dev[1]["metrics"]["loss"] == pytest.approx(dev[0]["metrics"]["loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_stops_the_run_naming_it_and_a_restart_resumes(tmp_path):
+    logdir, ckpt_dir = str(tmp_path / "run"), str(tmp_path / "run" / "checkpoints")
+    spec = _Cluster(2)
+    flags = ["--num_stages=4", "--checkpoint_interval_steps=5", "--log_interval_steps=0"]
+    with Workers(spec, str(tmp_path)) as procs:
+        chief = _Chief(
+            spec,
+            *flags,
+            "--max_steps=100000",
+            "--mode=train",
+            f"--logdir={logdir}",
+            logdir=str(tmp_path),
+            tag="chief",
+            wait=False,
+        )
+        try:
+            end = time.monotonic() + DEADLINE_S
+            while not os.path.exists(os.path.join(ckpt_dir, "ckpt-10.index")):
+                assert chief.poll() is None, _Read(str(tmp_path), "chief")[-3000:]
+                assert time.monotonic() < end, "no checkpoint appeared in time"
+                time.sleep(0.05)
+            procs[1].send_signal(signal.SIGKILL)
+            code = chief.wait(timeout=120)
+        finally:
+            _Stop([chief])
+    last = _Read(str(tmp_path), "chief").strip().splitlines()[-1]
+    assert code == 1, last
+    assert re.match(
+        rf"lingpipe.trainer: error: Step (\d+) failed: worker 1 \({spec['worker'][1]}\) is gone",
+        last,
+    ), last
+    step = int(re.search(r"Step (\d+)", last).group(1))
+    latest = _LatestCheckpoint(ckpt_dir)
+    resumed_at = int(latest.rsplit("-", 1)[1])
+    assert resumed_at >= 10 and step > resumed_at and f"latest: {latest}" in last
+
+    with Workers(spec, str(tmp_path), tag="restart"):
+        code = _Chief(
+            spec,
+            *flags,
+            f"--max_steps={resumed_at + 5}",
+            "--mode=train",
+            f"--logdir={logdir}",
+            logdir=str(tmp_path),
+            tag="restart",
+        )
+    log = _Read(str(tmp_path), "restart")
+    assert code == 0, log[-3000:]
+    assert f"Resumed from {latest} at step {resumed_at}" in log
+    assert _LatestCheckpoint(ckpt_dir).endswith(f"ckpt-{resumed_at + 5}")
+
+
+def _LatestCheckpoint(ckpt_dir):
+    import tensorflow as tf
+
+    return tf.train.latest_checkpoint(ckpt_dir)
+
+
+def test_a_worker_address_with_nothing_listening_exits_2_naming_it(tmp_path):
+    spec = _Cluster(2)  # Nobody started: the ports are free.
+    start = time.monotonic()
+    code = _Chief(
+        spec,
+        "--num_stages=2",
+        "--collective_timeout_s=3",
+        f"--logdir={tmp_path}/run",
+        logdir=str(tmp_path),
+        tag="chief",
+    )
+    last = _Read(str(tmp_path), "chief").strip().splitlines()[-1]
+    assert code == 2, last
+    assert time.monotonic() - start < 60
+    assert last.startswith(
+        f"lingpipe.trainer: error: --strategy=hosts: worker 0 ({spec['worker'][0]}) does not "
+        "answer (ConnectionRefusedError"
+    ), last
+    assert "after 3 s" in last and not os.path.exists(f"{tmp_path}/run")
