@@ -1,0 +1,117 @@
+"""lingpipe.keras.PipelinedSequential: a keras.Model that is a pipeline, trained by fit."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import lingpipe.keras as lpk
+from lingpipe import test_utils
+
+DEVICES = ["/device:CPU:1", "/device:CPU:2", "/device:CPU:3"]
+
+
+def _Layers(dropout=0.0):
+    return [
+        keras.layers.Dense(8, activation="relu"),
+        keras.layers.LayerNormalization(),
+        keras.layers.Dropout(dropout),
+        keras.layers.Dense(6, activation="tanh"),
+        keras.layers.Dense(3),
+    ]
+
+
+def _Data():
+    rng = np.random.RandomState(0)
+    return rng.randn(16, 5).astype(np.float32), rng.randn(16, 3).astype(np.float32)
+
+
+def _Model(num_stages, **kwargs):
+    kwargs.setdefault("devices", DEVICES[:num_stages])
+    model = lpk.PipelinedSequential(
+        _Layers(), num_stages=num_stages, num_micro_batches=4, input_shape=(5,), **kwargs
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+    return model
+
+
+def _Reference(model):
+    """The same layers as a plain keras.Sequential, with the pipelined model's weights."""
+    ref = keras.Sequential([keras.Input((5,))] + _Layers())
+    ref.set_weights(model.get_weights())
+    ref.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+    return ref
+
+
+def _StageDevice(variable):
+    return variable.value.device[-5:]
+
+
+@pytest.mark.parametrize("num_stages", [2, 3])
+def test_fit_gives_the_weights_of_the_plain_keras_model(num_stages):
+    model = _Model(num_stages)
+    ref = _Reference(model)
+    x, y = _Data()
+    history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    ref_history = ref.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    test_utils.AssertAllClose(model.get_weights(), ref.get_weights(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-5)
+    # Every layer's weights, and the optimizer's momentum of each, on its stage's device.
+    stages = model.pipeline.stage_cells
+    for k, cells in enumerate(stages):
+        for i in cells:
+            for w in model.pipeline_layers[i].weights:
+                assert _StageDevice(w) == DEVICES[k][-5:], (w.path, k)
+    momentums = model.optimizer.momentums  # one per trainable weight, in the same order
+    assert len(momentums) == len(model.trainable_weights)
+    for slot, w in zip(momentums, model.trainable_weights):
+        assert _StageDevice(slot) == _StageDevice(w), (slot.path, w.path)
+    np.testing.assert_allclose(model.predict(x, verbose=0), ref.predict(x, verbose=0), atol=1e-5)
+
+
+def test_callbacks_checkpoint_tensorboard_early_stopping(tmp_path):
+    model = _Model(2)
+    x, y = _Data()
+    path = str(tmp_path / "model.weights.h5")
+    callbacks = [
+        keras.callbacks.ModelCheckpoint(path, save_weights_only=True),
+        keras.callbacks.TensorBoard(str(tmp_path / "tb")),
+        # Stops once the loss fails to rise: after the second epoch.
+        keras.callbacks.EarlyStopping(monitor="loss", mode="max", patience=0),
+    ]
+    history = model.fit(x, y, batch_size=8, epochs=5, verbose=0, callbacks=callbacks)
+    losses = history.history["loss"]
+    assert len(losses) == 2 and losses[1] < losses[0], losses
+    assert os.listdir(tmp_path / "tb" / "train")
+    fresh = _Model(2)
+    assert not np.allclose(fresh.get_weights()[0], model.get_weights()[0])
+    fresh.load_weights(path)
+    test_utils.AssertAllClose(fresh.get_weights(), model.get_weights(), rtol=0, atol=0)
+    for w in fresh.weights:  # restored in place: still on their stages
+        assert w.value.device[-5:] in ("CPU:1", "CPU:2")
+    loss = model.evaluate(x, y, batch_size=8, verbose=0)
+    assert loss == pytest.approx(fresh.evaluate(x, y, batch_size=8, verbose=0), rel=1e-6)
+
+
+def test_eval_drops_nothing_and_training_drops_with_stateless_seeds():
+    model = lpk.PipelinedSequential(
+        _Layers(dropout=0.5), num_stages=2, num_micro_batches=2, input_shape=(5,)
+    )
+    ref = keras.Sequential([keras.Input((5,))] + _Layers(dropout=0.5))
+    ref.set_weights(model.get_weights())
+    x, _ = _Data()
+    np.testing.assert_allclose(model.predict(x, verbose=0), ref.predict(x, verbose=0), atol=1e-5)
+    train = model(x, training=True).numpy()
+    assert not np.allclose(train, model(x, training=False).numpy())
+    np.testing.assert_array_equal(train, model(x, training=True).numpy())
+
+
+def test_errors_say_what_was_received():
+    with pytest.raises(TypeError, match=r"expected Keras 3 layers .* received str at \[1\]"):
+        lpk.PipelinedSequential([keras.layers.Dense(2), "relu"], num_stages=1, input_shape=(4,))
+    model = lpk.PipelinedSequential(_Layers(), num_stages=2)
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = _Data()
+    with pytest.raises(ValueError, match=r"input_shape=\(5,\).*or call the model on a batch"):
+        model.fit(x, y, verbose=0)
