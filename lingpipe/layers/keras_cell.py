@@ -5,6 +5,7 @@ literal (dicts of strings and numbers) and is never run as code:
 
     p = KerasCell.FromKeras([keras.layers.Dense(64, activation='relu'),
                              keras.layers.LayerNormalization()], input_shape=[32])
+    # or, without making Keras objects: layers=[LayerConfig('Dense', units=64), ...]
     pipe_p.cell_tpl = [p, lingpipe_block_p, ...]   # inputs: [batch, 32]
 
 `keras.layers.deserialize` rebuilds the layers (in Keras' safe mode: a Lambda's
@@ -36,6 +37,15 @@ import tensorflow as tf
 
 from lingpipe import base_layer, hyperparams, seeds
 from lingpipe.nested_map import NestedMap
+
+
+def LayerConfig(class_name: str, **config: Any) -> dict:
+    """The config of a built-in Keras layer, made without building it: for params modules,
+    which must not start TensorFlow (a Keras Dropout makes a variable when constructed).
+
+        LayerConfig('Dense', units=64, activation='relu')  # keras.layers.Dense(64, ...)
+    """
+    return {"module": "keras.layers", "class_name": class_name, "config": dict(config)}
 
 
 def _Templates(layers: Any, where: str) -> list:
