@@ -31,7 +31,16 @@ import tensorflow as tf
 from lingpipe import asserts, base_layer, cluster, hyperparams, seeds
 from lingpipe.layers import normalization, sequential
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import costs, executor, micro_batch, partition, placement, schedule, xla
+from lingpipe.pipeline import (
+    costs,
+    executor,
+    memory,
+    micro_batch,
+    partition,
+    placement,
+    schedule,
+    xla,
+)
 from lingpipe.pipeline import report as report_lib
 from lingpipe.pipeline.stage_call import GradientAccumulator, PlainCall, StageCall
 from lingpipe.pipeline.stage_context import StageContext
@@ -268,12 +277,14 @@ class PipeliningLayer(base_layer.BaseLayer):
         return [getattr(self, f"cell_{i}") for i in range(self._num_cells)]
 
     def PartitionReport(
-        self, input_shapes: Sequence[Any] | None = None
+        self, input_shapes: Sequence[Any] | None = None, optimizer: Any = None
     ) -> report_lib.PartitionReport:
-        """Per stage: device, cells, parameters, FLOPs and boundary activation bytes.
+        """Per stage: device, cells, parameters, FLOPs, boundary activation bytes and
+        the estimated memory of a training step under p.schedule and p.remat
+        (lingpipe.pipeline.memory; `optimizer`: its params, or slots per weight).
 
-        FLOPs and boundary bytes need the inputs' shapes: `input_shapes`, else
-        p.input_shapes, else the shapes of the last FProp.
+        FLOPs, boundary bytes and memory need the inputs' shapes: `input_shapes`,
+        else p.input_shapes, else the shapes of the last FProp.
         """
         p = self.params
         shapes = input_shapes or p.input_shapes or self._seen_shapes
@@ -304,7 +315,24 @@ class PipeliningLayer(base_layer.BaseLayer):
                 )
             )
         policy = p.partition if isinstance(p.partition, str) else f"explicit {self._counts}"
-        return report_lib.PartitionReport(policy, micro, stages)
+        report = report_lib.PartitionReport(policy, micro, stages)
+        if shapes is not None:
+            sched = self.Schedule(micro)
+            kept = self.KeptActivations(sched)
+            report.AddMemory(
+                lambda: memory.Estimate(
+                    p,
+                    p.cell_tpl,
+                    self._stage_cells,
+                    tuple(shapes),
+                    sched,
+                    kept,
+                    optimizer,
+                    p.batch_dim,
+                ),
+                memory.Note(sched, p.remat, optimizer),
+            )
+        return report
 
     # ---- Computation --------------------------------------------------------
 

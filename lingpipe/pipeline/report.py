@@ -4,12 +4,22 @@ When the stages live on more than one host (devices of other tasks, as under
 `--strategy=hosts`), the table gains a column with the bytes that cross from a
 stage to the next stage's host per step: every micro-batch's boundary activations
 forward and, of the same size, their gradients backward.
+
+With input shapes, each stage also gets its estimated memory in a training step
+(lingpipe.pipeline.memory), printed as a second table; `measured` peaks, when
+set, are printed beside it (per device, or one total where one allocator serves
+every device, as on CPU).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
+
+from lingpipe.pipeline import memory as memory_lib
+
+MIB = 1024 * 1024
 
 _TASK = re.compile(r"/job:([^/]+)/replica:\d+/task:(\d+)")
 
@@ -30,6 +40,7 @@ class StageReport:
     flops: int | None  # None when no input shapes are known
     boundary_bytes: int | None  # bytes this stage sends to the next, per micro-batch
     cost: float  # under the partition's own measure
+    memory: memory_lib.StageMemory | None = None  # bytes; None without input shapes
 
 
 @dataclasses.dataclass
@@ -39,6 +50,27 @@ class PartitionReport:
     policy: str
     num_micro_batches: int
     stages: list[StageReport]
+    memory_note: str = ""  # what the memory estimate assumed, or why there is none
+    measured: dict[str, int] | None = None  # {device: measured peak bytes}, MeasuredPeaks
+
+    def AddMemory(self, estimate: Callable[[], list[memory_lib.StageMemory]], note: str) -> None:
+        """Sets each stage's memory from `estimate()`; a ValueError (a cell that cannot be
+        traced) leaves them None and says why in memory_note."""
+        try:
+            per_stage = estimate()
+        except ValueError as e:
+            self.memory_note = f"no memory estimate: {e}"
+            return
+        for s, m in zip(self.stages, per_stage):
+            s.memory = m
+        self.memory_note = note
+
+    @property
+    def memory_total(self) -> int | None:
+        """Estimated bytes of all stages together; None without an estimate."""
+        if any(s.memory is None for s in self.stages):
+            return None
+        return sum(s.memory.total for s in self.stages)
 
     def CrossHostBytes(self) -> list[int | None]:
         """Per stage, the bytes per step that cross from it to the next stage's host:
@@ -100,4 +132,35 @@ class PartitionReport:
                 f"{self.num_hosts} hosts: {total} cross between hosts per step (each "
                 "micro-batch's boundary activations forward, their gradients backward)"
             )
-        return "\n".join(lines)
+        return "\n".join(lines + self._MemoryLines())
+
+    def _MemoryLines(self) -> list[str]:
+        """The memory table (MiB), with measured peaks beside the estimate when known."""
+        if self.memory_total is None:
+            return [self.memory_note] if self.memory_note else []
+        per_device = self.measured is not None and set(self.measured) <= {
+            s.device for s in self.stages
+        }
+        head = ["stage", "weights", "grads", "slots", "activations", "workspace", "total"]
+        head += ["alive"] + (["measured"] if per_device else [])
+        rows = [head]
+        for s in self.stages:
+            m = s.memory
+            parts = (m.weights, m.gradients, m.optimizer_slots, m.activations, m.workspace)
+            row = [str(s.stage)] + [_Mib(b) for b in parts + (m.total,)] + [str(m.peak_alive)]
+            if per_device:
+                row.append(_Mib(self.measured[s.device]) if s.device in self.measured else "?")
+            rows.append(row)
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        lines = [f"memory per stage in a training step, MiB ({self.memory_note}):"]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        total = f"estimated total {_Mib(self.memory_total)} MiB"
+        if self.measured and not per_device:
+            (where, peak), *_ = self.measured.items()
+            total += f"; measured peak {_Mib(peak)} MiB ({where}), estimate / measured "
+            total += f"{self.memory_total / peak:.2f}"
+        return lines + [total]
+
+
+def _Mib(num_bytes: int) -> str:
+    return f"{num_bytes / MIB:.1f}"

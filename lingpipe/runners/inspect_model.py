@@ -21,10 +21,14 @@ variable of its own: shape, size, device, and "(not trainable)" if so. The keys
 read down the tree are the keys of `layer.vars` (`pipeline.cell_0.emb.emb`).
 Parameters count every variable of the layer tree, trainable or not, as
 PartitionReport counts them; variables that are not the layers' own (an
-optimizer's slots) are not counted.
+optimizer's slots) are not counted. Each pipeline's report ends with its memory
+per stage in a training step (weights, gradients, the task's optimizer slots,
+activations under its schedule and remat: lingpipe.pipeline.memory).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import tensorflow as tf
 
@@ -108,14 +112,25 @@ def _Walk(layer: base_layer.BaseLayer):
         yield from _Walk(child)
 
 
-def PipelineReports(layer: base_layer.BaseLayer) -> list[tuple[str, str]]:
-    """(path, str(PartitionReport())) of every PipeliningLayer in the tree, in tree order.
+def TaskOptimizer(layer: base_layer.BaseLayer) -> Any:
+    """The params of the optimizer that trains `layer` (a task's p.train.optimizer), or
+    None for a layer that is not a task."""
+    p = layer.params
+    if "train" in p and p.train is not None and "optimizer" in p.train:
+        return p.train.optimizer
+    return None
 
-    FLOPs and boundary sizes show as '?' until the pipeline has input shapes
-    (p.input_shapes, or a first FProp).
+
+def PipelineReports(layer: base_layer.BaseLayer) -> list[tuple[str, str]]:
+    """(path, str(PartitionReport(optimizer=...))) of every PipeliningLayer in the tree,
+    in tree order, with the memory of a training step under the task's optimizer.
+
+    FLOPs, boundary sizes and memory show as '?' (or not at all) until the pipeline
+    has input shapes (p.input_shapes, or a first FProp).
     """
+    optimizer = TaskOptimizer(layer)
     return [
-        (node.path, str(node.PartitionReport()))
+        (node.path, str(node.PartitionReport(optimizer=optimizer)))
         for node in _Walk(layer)
         if isinstance(node, gpipe.PipeliningLayer)
     ]

@@ -80,7 +80,8 @@ def test_tree_counts_are_subtree_sums(task):
 
 def test_pipeline_reports(task):
     reports = inspect_model.PipelineReports(task)
-    assert reports == [("lm/pipeline", str(task.pipeline.PartitionReport()))]
+    adam = task.params.train.optimizer
+    assert reports == [("lm/pipeline", str(task.pipeline.PartitionReport(optimizer=adam)))]
     stage_rows = [re.split(r"\s{2,}", line) for line in reports[0][1].splitlines()[1:3]]
     assert [r[:2] for r in stage_rows] == [["0", "/device:CPU:0"], ["1", "/device:CPU:1"]]
     # Stage parameters are those of the cells on the stage's device.
@@ -90,11 +91,27 @@ def test_pipeline_reports(task):
     assert {r[1]: int(r[3].replace(",", "")) for r in stage_rows} == by_device
 
 
+def test_pipeline_reports_memory_under_the_tasks_optimizer(task):
+    """The LM trains with Adam: per stage, gradients as big as the weights (all are
+    trainable), two slots each, and activations for its 2 micro-batches."""
+    text = inspect_model.PipelineReports(task)[0][1]
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("memory per stage"))
+    assert "schedule=gpipe K=2 M=2 remat=always, optimizer Adam" in lines[at]
+    report = task.pipeline.PartitionReport(optimizer=task.params.train.optimizer)
+    for s, line in zip(report.stages, lines[at + 2 : at + 4]):
+        m = s.memory
+        assert m.weights == m.gradients == 4 * s.num_params
+        assert m.optimizer_slots == 2 * m.gradients and m.peak_alive == 2
+        assert m.activations > 0 and line.split()[6] == f"{m.total / 2**20:.1f}"
+    assert lines[-1] == f"estimated total {report.memory_total / 2**20:.1f} MiB"
+
+
 def test_describe(task):
     text = inspect_model.Describe(task)
     tree, pipeline, total = text.split("\n\n")
     assert tree == inspect_model.LayerTree(task)
-    report = str(task.pipeline.PartitionReport())
+    report = str(task.pipeline.PartitionReport(optimizer=task.params.train.optimizer))
     assert pipeline == "Pipeline lm/pipeline:\n" + "\n".join(
         "  " + line for line in report.splitlines()
     )

@@ -1,0 +1,407 @@
+"""Memory of each pipeline stage in a training step: an estimate, in bytes.
+
+Per stage, four terms:
+
+- weights: every variable of the stage's cells (batch norm's moving statistics too).
+- gradients: the running sum of the trainable weights' gradient over micro-batches,
+  one tensor per trainable weight.
+- optimizer slots: what the optimizer keeps per trainable weight (`SlotBytes`:
+  Adam 2 copies, Momentum 1, SGD 0, Adafactor 1 copy plus row and column means).
+- activations: what the step keeps alive for the backward, under the schedule and
+  the remat policy. Per micro-batch a stage keeps its inputs (the boundary) while
+  the micro-batch is alive (from its forward to the end of its backward, W for
+  zero bubble); a micro-batch whose activations are kept (remat 'never', or the
+  one 'except_last' keeps) holds its full activations instead, and a backward that
+  replays the forward holds one micro-batch's full activations while it runs.
+  `ActivationBytes` sweeps the schedule's simulated time for the largest sum.
+
+A cell's full activations are measured, not guessed: `TraceCell` builds the cell
+in a throw-away graph (no memory is allocated, so a model too big for the machine
+can be estimated), takes `tf.gradients` of its outputs, and sums the bytes of
+the forward tensors that the gradient ops read: exactly what a tape keeps.
+Views (Reshape, Identity, ...) count as the tensor they view; the weights and the
+cell's inputs are not activations. Temporaries that live inside one op or one
+cell's backward (a matmul's result before its ReLU) are not counted; a stage's
+backward also holds, for one micro-batch, the gradients it receives and sends and
+one cell's weight gradient (`Workspace`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from lingpipe import base_layer, hyperparams
+from lingpipe.pipeline import simulate
+from lingpipe.pipeline.schedule import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    Action,
+    Schedule,
+)
+
+MIB = 1024 * 1024
+# Ops whose output shares its input's buffer: a saved view costs what its source costs.
+_VIEW_OPS = frozenset({"Reshape", "Identity", "ExpandDims", "Squeeze", "StopGradient", "Snapshot"})
+# Saved tensors that are not activations: the weights, constants.
+_NOT_ACTIVATIONS = frozenset({"ReadVariableOp", "Const", "VarHandleOp"})
+# Adam's m and v; Momentum's velocity; SGD keeps nothing (per trainable weight).
+_SLOTS_PER_WEIGHT = {"SGD": 0, "Momentum": 1, "Adam": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class CellMemory:
+    """What one cell costs, for one micro-batch of given input shapes (bytes).
+
+    Attributes:
+      weight_bytes: all variables of the cell.
+      trainable_shapes: shapes (lists of ints) of its trainable variables.
+      dtype_size: bytes per element of the trainable variables.
+      input_bytes: the cell's inputs.
+      saved_bytes: forward tensors (not inputs, not weights) its backward reads.
+      input_saved_bytes: the part of the inputs its backward reads.
+      output_saved_bytes: the part of `saved_bytes` that is the cell's outputs.
+      output_bytes: the cell's outputs.
+      out_specs: the outputs as tf.TensorSpecs, the next cell's inputs.
+    """
+
+    weight_bytes: int
+    trainable_shapes: tuple
+    dtype_size: int
+    input_bytes: int
+    saved_bytes: int
+    input_saved_bytes: int
+    output_saved_bytes: int
+    output_bytes: int
+    out_specs: Any
+
+
+@dataclasses.dataclass
+class StageMemory:
+    """A stage's estimated memory in a training step, bytes (see the module doc)."""
+
+    weights: int
+    gradients: int
+    optimizer_slots: int
+    activations: int
+    workspace: int  # a backward's transients: see Workspace
+    peak_alive: int  # most micro-batches alive at once (simulate.Simulation.peak_alive)
+
+    @property
+    def total(self) -> int:
+        parts = (self.weights, self.gradients, self.optimizer_slots, self.activations)
+        return sum(parts) + self.workspace
+
+
+def _Bytes(t: Any) -> int:
+    n = t.shape.num_elements() if t.shape.is_fully_defined() else None
+    return (n or 0) * t.dtype.size
+
+
+def _Source(t: tf.Tensor) -> tf.Tensor:
+    while t.op.type in _VIEW_OPS and t.op.inputs:
+        t = t.op.inputs[0]
+    return t
+
+
+def _Placeholder(spec: Any) -> tf.Tensor:
+    return tf.compat.v1.placeholder(spec.dtype, spec.shape)
+
+
+def _SavedBy(graph: tf.Graph, first_grad_op: int, forward: set) -> dict:
+    """{tensor: bytes} of forward tensors (views resolved) that the gradient ops read."""
+    saved = {}
+    for op in graph.get_operations()[first_grad_op:]:
+        for t in op.inputs:
+            src = _Source(t)
+            if src.op in forward and src.op.type not in _NOT_ACTIVATIONS:
+                saved[src.ref()] = _Bytes(src)
+    return saved
+
+
+def _TraceInGraph(parent_p: hyperparams.Params, cell_p: Any, in_specs: tuple) -> CellMemory:
+    graph = tf.Graph()
+    with graph.as_default():
+        p = base_layer.BaseLayer.CopyBaseParams(parent_p, cell_p.Copy())
+        p.name = p.name or "cell"
+        cell = p.Instantiate()
+        inputs = tf.nest.map_structure(_Placeholder, in_specs)
+        outputs = cell.FProp(cell.theta, *inputs)
+        flat_in = [x for x in tf.nest.flatten(inputs) if x.dtype.is_floating]
+        flat_out = [y for y in tf.nest.flatten(outputs) if y.dtype.is_floating]
+        trainable = list(cell.trainable_variables)
+        forward = set(graph.get_operations())
+        first = len(graph.get_operations())
+        dys = [tf.compat.v1.placeholder(y.dtype, y.shape) for y in flat_out]
+        if flat_out:
+            tf.gradients(flat_out, flat_in + trainable, grad_ys=dys)
+        saved = _SavedBy(graph, first, forward)
+    inputs_ref = {x.ref() for x in tf.nest.flatten(inputs)}
+    outputs_ref = {_Source(y).ref() for y in tf.nest.flatten(outputs)}
+    return CellMemory(
+        weight_bytes=sum(_Bytes(v) for v in cell.variables),
+        trainable_shapes=tuple(tuple(v.shape.as_list()) for v in trainable),
+        dtype_size=trainable[0].dtype.size if trainable else 4,
+        input_bytes=sum(_Bytes(x) for x in tf.nest.flatten(inputs)),
+        saved_bytes=sum(b for r, b in saved.items() if r not in inputs_ref),
+        input_saved_bytes=sum(b for r, b in saved.items() if r in inputs_ref),
+        output_saved_bytes=sum(b for r, b in saved.items() if r in outputs_ref),
+        output_bytes=sum(_Bytes(y) for y in tf.nest.flatten(outputs)),
+        out_specs=tf.nest.map_structure(
+            lambda y: tf.TensorSpec(y.shape, y.dtype), _AsArgs(outputs)
+        ),
+    )
+
+
+def _AsArgs(outputs: Any) -> tuple:
+    """The positional arguments that a cell's outputs become for the next cell."""
+    return outputs if isinstance(outputs, tuple) else (outputs,)
+
+
+_TRACES: dict[tuple[str, str, str], CellMemory] = {}
+
+
+def TraceCell(parent_p: hyperparams.Params, cell_p: Any, in_specs: tuple) -> CellMemory:
+    """The memory of `cell_p` on inputs `in_specs` (a tuple of tf.TensorSpecs or
+    NestedMaps of them, one micro-batch): built and differentiated in a graph that
+    is thrown away; identical cells on identical inputs are traced once."""
+    shapes = tf.nest.map_structure(lambda s: (s.shape.as_list(), s.dtype.name), in_specs)
+    key = (parent_p.ToText(), cell_p.ToText(), repr(shapes))
+    if key not in _TRACES:
+        _TRACES[key] = _TraceInGraph(parent_p, cell_p, in_specs)
+    return _TRACES[key]
+
+
+def TraceCells(
+    parent_p: hyperparams.Params, cell_params: Sequence[Any], in_specs: tuple
+) -> list[CellMemory]:
+    """TraceCell of each cell in turn, each fed the previous one's outputs."""
+    out = []
+    for p in cell_params:
+        try:
+            mem = TraceCell(parent_p, p, in_specs)
+        except Exception as e:  # noqa: BLE001 (any failure of a user's layer, with its name)
+            raise ValueError(
+                f"memory estimate: cannot trace {p.cls.__name__} ({p.name}) on inputs "
+                f"{in_specs}: {type(e).__name__}: {e}"
+            ) from None
+        out.append(mem)
+        in_specs = mem.out_specs
+    return out
+
+
+def SlotBytes(optimizer: Any, shapes: Sequence[Sequence[int]], dtype_size: int = 4) -> int:
+    """Bytes of the optimizer's slots for trainable weights of these shapes.
+
+    Args:
+      optimizer: None (no optimizer: 0), a number of weight-sized slots per weight
+        (Adam 2), or the params (or instance) of a lingpipe.optimizers class: SGD 0,
+        Momentum 1, Adam 2, Adafactor one weight-sized slot plus, for a weight of
+        rank >= 2, its row means (all dims but the last) and column means (all but
+        the one before the last), as lingpipe's Adafactor builds them.
+      shapes: the trainable weights' shapes.
+      dtype_size: bytes per element of the weights (and their slots).
+    """
+    sizes = [_Prod(s) for s in shapes]
+    if optimizer is None:
+        return 0
+    if isinstance(optimizer, (int, float)) and not isinstance(optimizer, bool):
+        return int(optimizer * sum(sizes) * dtype_size)
+    cls = getattr(optimizer, "cls", None) or type(optimizer)
+    names = [c.__name__ for c in getattr(cls, "__mro__", ())]
+    if "Adafactor" in names:
+        factored = sum(
+            _Prod(s[:-1]) + _Prod(s[:-2] + s[-1:]) for s in map(list, shapes) if len(s) >= 2
+        )
+        return (sum(sizes) + factored) * dtype_size
+    for name in names:
+        if name in _SLOTS_PER_WEIGHT:
+            return _SLOTS_PER_WEIGHT[name] * sum(sizes) * dtype_size
+    raise ValueError(
+        f"memory estimate: expected optimizer to be None, a number of slots per weight, or "
+        f"the params of SGD, Momentum, Adam or Adafactor; received {optimizer!r}"
+    )
+
+
+def _Prod(dims: Sequence[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
+def StageActivations(cells: Sequence[CellMemory]) -> tuple[int, int]:
+    """(boundary, internal) bytes of one micro-batch through these consecutive cells.
+
+    boundary: the stage's inputs. internal: what a kept forward holds beyond them,
+    each tensor once (a cell's output that the next cell's backward also reads).
+    """
+    internal = sum(c.saved_bytes for c in cells)
+    for prev, c in zip(cells, cells[1:]):
+        internal += max(0, c.input_saved_bytes - prev.output_saved_bytes)
+    return cells[0].input_bytes, internal
+
+
+def Workspace(cells: Sequence[CellMemory]) -> int:
+    """Bytes a stage's backward holds besides the activations, for one micro-batch: the
+    gradient of its outputs (received), of its inputs (sent on), and the largest
+    cell's weight gradient before it joins the running sum."""
+    largest = max(sum(_Prod(s) for s in c.trainable_shapes) * c.dtype_size for c in cells)
+    return cells[-1].output_bytes + cells[0].input_bytes + largest
+
+
+def ActivationBytes(
+    sim: Any, num_micro_batches: int, stage: int, kept: set, boundary: int, internal: int
+) -> int:
+    """The most bytes of activations stage `stage` holds at once in simulated time.
+
+    Args:
+      sim: the schedule's simulate.Simulation (start and end of each action).
+      kept: the (stage, micro-batch) pairs whose forward keeps its activations.
+      boundary, internal: StageActivations of one micro-batch.
+
+    A micro-batch is alive from the start of its forward to the end of its backward
+    (W under zero bubble) and holds `boundary`, plus `internal` when it is kept; the
+    backward of one that is not kept replays its forward and holds `internal` while
+    it runs (to the end of W: the weights' gradient reads it).
+    """
+    events = []
+    for m in range(num_micro_batches):
+        last = Action(BACKWARD, stage, m)
+        first_back = last
+        if last not in sim.end:
+            last, first_back = Action(BACKWARD_WEIGHT, stage, m), Action(BACKWARD_INPUT, stage, m)
+        held = boundary + (internal if (stage, m) in kept else 0)
+        events += [(sim.start[Action(FORWARD, stage, m)], held), (sim.end[last], -held)]
+        if (stage, m) not in kept:
+            events += [(sim.start[first_back], internal), (sim.end[last], -internal)]
+    total = peak = 0
+    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+        total += delta
+        peak = max(peak, total)
+    return peak
+
+
+def _Spec(x: Any, key: str = "") -> Any:
+    """A whole-batch input as tf.TensorSpec (NestedMaps keep their structure). A bare
+    shape is float32, except under a key ending in 'ids' or 'labels': int32, as
+    lingpipe's tasks feed token ids and labels."""
+    if isinstance(x, dict):
+        return type(x)({k: _Spec(v, k) for k, v in x.items()})
+    if isinstance(x, tf.TensorSpec):
+        return x
+    dtype = tf.int32 if key.endswith(("ids", "labels")) else tf.float32
+    return tf.TensorSpec(base_layer.ToShape(x), dtype)
+
+
+def MicroBatchSpecs(input_specs: tuple, num_micro_batches: int, batch_dim: int) -> tuple:
+    """The specs of the largest micro-batch: leaves whose size along batch_dim is the
+    batch (that of the first leaf that has one) are cut to ceil(batch / M)."""
+    specs = tuple(_Spec(x) for x in input_specs)
+    leaves = tf.nest.flatten(specs)
+    batch = next(
+        (s.shape[batch_dim] for s in leaves if s.shape.rank and s.shape.rank > batch_dim), None
+    )
+    if batch is None:
+        raise ValueError(
+            f"memory estimate: expected an input with a batch along batch_dim={batch_dim}, "
+            f"received {specs}"
+        )
+    micro = -(-batch // num_micro_batches)
+
+    def Cut(s: tf.TensorSpec) -> tf.TensorSpec:
+        if s.shape.rank is None or s.shape.rank <= batch_dim or s.shape[batch_dim] != batch:
+            return s
+        dims = s.shape.as_list()
+        dims[batch_dim] = micro
+        return tf.TensorSpec(dims, s.dtype)
+
+    return tf.nest.map_structure(Cut, specs)
+
+
+def Estimate(
+    parent_p: hyperparams.Params,
+    cell_params: Sequence[Any],
+    stage_cells: Sequence[Sequence[int]],
+    input_specs: tuple,
+    sched: Schedule,
+    kept: set,
+    optimizer: Any = None,
+    batch_dim: int = 0,
+) -> list[StageMemory]:
+    """Per stage, its memory in a training step (module doc), from params alone.
+
+    Args:
+      parent_p: the pipeline's params (cells inherit its dtype and init).
+      cell_params: every cell's params, in order.
+      stage_cells: the cell indices of each stage, as partitioned.
+      input_specs: the pipeline's inputs for a whole batch (tf.TensorSpecs or shapes).
+      sched: the schedule of the step; kept: the (stage, micro-batch) pairs whose
+        activations are kept (PipeliningLayer.KeptActivations).
+      optimizer: see SlotBytes.
+      batch_dim: the inputs' batch dimension.
+    """
+    if len(stage_cells) != sched.num_stages:
+        raise ValueError(
+            f"memory estimate: expected one list of cells per stage of the schedule "
+            f"({sched.num_stages}), received {len(stage_cells)}"
+        )
+    specs = MicroBatchSpecs(input_specs, sched.num_micro_batches, batch_dim)
+    cells = TraceCells(parent_p, cell_params, specs)
+    sim = simulate.Simulate(sched)
+    batch_bytes = sum(_Bytes(s) for s in tf.nest.flatten(tuple(_Spec(x) for x in input_specs)))
+    out = []
+    for k, idx in enumerate(stage_cells):
+        mine = [cells[i] for i in idx]
+        boundary, internal = StageActivations(mine)
+        shapes = [s for c in mine for s in c.trainable_shapes]
+        size = mine[0].dtype_size
+        # Stage 0's micro-batches are slices of the batch, alive the whole step.
+        if k == 0:
+            boundary = 0
+        acts = ActivationBytes(sim, sched.num_micro_batches, k, kept, boundary, internal)
+        out.append(
+            StageMemory(
+                weights=sum(c.weight_bytes for c in mine),
+                gradients=sum(_Prod(s) for s in shapes) * size,
+                optimizer_slots=SlotBytes(optimizer, shapes, size),
+                activations=acts + (batch_bytes if k == 0 else 0),
+                workspace=Workspace(mine),
+                peak_alive=sim.peak_alive[k],
+            )
+        )
+    return out
+
+
+def MeasuredPeaks(devices: Sequence[str]) -> dict[str, int]:
+    """The peak bytes TensorFlow's allocator saw since the last reset, per device:
+    {device: bytes} on accelerators; on CPU, where one allocator serves every logical
+    device, one entry {'all CPU devices (one allocator)': bytes}. Reset with
+    tf.config.experimental.reset_memory_stats before the step to measure."""
+    names = [tf.DeviceSpec.from_string(d) for d in devices]
+    if all((n.device_type or "CPU").upper() == "CPU" for n in names):
+        return {"all CPU devices (one allocator)": _Peak("CPU:0")}
+    return {d: _Peak(f"{n.device_type}:{n.device_index or 0}") for d, n in zip(devices, names)}
+
+
+def _Peak(device: str) -> int:
+    return int(tf.config.experimental.get_memory_info(device)["peak"])
+
+
+def Note(sched: Schedule, remat: str, optimizer: Any) -> str:
+    """What an estimate assumed, in words: schedule, remat and the optimizer's slots."""
+    if optimizer is None:
+        opt = "no optimizer slots"
+    elif isinstance(optimizer, (int, float)):
+        opt = f"{optimizer:g} optimizer slots per weight"
+    else:
+        opt = f"optimizer {(getattr(optimizer, 'cls', None) or type(optimizer)).__name__}"
+    return (
+        f"schedule={sched.name} K={sched.num_devices} M={sched.num_micro_batches} "
+        f"remat={remat}, {opt}"
+    )

@@ -1,0 +1,101 @@
+"""The memory estimate against numbers computed by hand for a small MLP.
+
+Four cells x -> relu(x W + b), W [8, 8], b [8], float32, cut into K=2 stages of two
+cells; batch 16, M=4 micro-batches of 4 rows. By hand, in bytes:
+
+- a cell's weights: (8*8 + 8) * 4 = 288; a stage's: 576 (gradients the same).
+- one micro-batch's activation [4, 8]: 128. A cell's backward reads its input
+  (for dW) and its ReLU output (for the ReLU's gradient): a stage of two cells
+  keeps its input (the boundary, 128) and two ReLU outputs (internal, 256; the
+  first one's output is the second one's input, counted once).
+- stage 0's micro-batches are slices of the batch [16, 8], 512, alive all step.
+- a backward's workspace: the gradient received (128) and sent (128) and one
+  cell's weight gradient (288): 544.
+"""
+
+import pytest
+
+from lingpipe import optimizers
+from lingpipe.layers import gpipe, linear
+from lingpipe.pipeline import memory
+
+CELL_W, STAGE_W, ACT, BATCH = 288, 576, 128, 512
+
+
+def Pipe(schedule="gpipe", remat="always", input_shapes=([16, 8],)):
+    cell = linear.ProjectionLayer.Params().Set(input_dims=8, output_dims=8, activation="RELU")
+    return (
+        gpipe.PipeliningLayer.Params()
+        .Set(
+            name="pipe",
+            cell_tpl=[cell.Copy() for _ in range(4)],
+            num_stages=2,
+            num_micro_batches=4,
+            remat=remat,
+            schedule=schedule,
+            input_shapes=input_shapes,
+        )
+        .Instantiate()
+    )
+
+
+# (schedule, remat) -> activation bytes of (stage 0, stage 1), by hand:
+# 'always' keeps the boundary of each alive micro-batch and replays one; 'never'
+# keeps everything of each alive one. GPipe: 4 alive on both stages; 1F1B: 2 on
+# stage 0, 1 on stage 1. 'except_last' under GPipe keeps micro-batch 3, which is
+# differentiated first: 3 boundaries + one kept micro-batch, as 'always' costs.
+EXPECTED = {
+    ("gpipe", "always"): (BATCH + 2 * ACT, 4 * ACT + 2 * ACT),
+    ("gpipe", "except_last"): (BATCH + 2 * ACT, 3 * ACT + 3 * ACT),
+    ("gpipe", "never"): (BATCH + 4 * 2 * ACT, 4 * 3 * ACT),
+    ("1f1b", "always"): (BATCH + 2 * ACT, 1 * ACT + 2 * ACT),
+    ("1f1b", "never"): (BATCH + 2 * 2 * ACT, 1 * 3 * ACT),
+}
+
+
+@pytest.mark.parametrize("schedule,remat", sorted(EXPECTED))
+def test_estimate_matches_hand_computed_mlp(schedule, remat):
+    report = Pipe(schedule, remat).PartitionReport(optimizer=optimizers.Adam.Params())
+    got = [s.memory for s in report.stages]
+    assert [m.activations for m in got] == list(EXPECTED[(schedule, remat)])
+    for m in got:
+        assert (m.weights, m.gradients, m.optimizer_slots) == (STAGE_W, STAGE_W, 2 * STAGE_W)
+        assert m.workspace == 2 * ACT + CELL_W
+        assert m.total == 4 * STAGE_W + m.activations + m.workspace
+    alive = {"gpipe": [4, 4], "1f1b": [2, 1]}[schedule]
+    assert [m.peak_alive for m in got] == alive
+    assert report.memory_total == sum(m.total for m in got)
+
+
+def test_slot_bytes_per_optimizer():
+    shapes = [[3, 5], [5]]  # 20 weights
+    assert memory.SlotBytes(None, shapes) == 0
+    assert memory.SlotBytes(optimizers.SGD.Params(), shapes) == 0
+    assert memory.SlotBytes(optimizers.Momentum.Params(), shapes) == 20 * 4
+    assert memory.SlotBytes(optimizers.Adam.Params(), shapes) == 2 * 20 * 4
+    assert memory.SlotBytes(1.5, shapes) == 30 * 4
+    # Adafactor: a weight-sized slot, plus row (3) and column (5) means of the matrix.
+    assert memory.SlotBytes(optimizers.Adafactor.Params(), shapes) == (20 + 3 + 5) * 4
+    with pytest.raises(ValueError, match=r"expected optimizer to be None, .* received 'adam'"):
+        memory.SlotBytes("adam", shapes)
+
+
+def test_report_prints_the_memory_table_and_the_measured_peak():
+    report = Pipe("1f1b", "always").PartitionReport(optimizer=1)
+    report.measured = {"all CPU devices (one allocator)": report.memory_total * 2}
+    lines = str(report).splitlines()
+    at = lines.index(
+        "memory per stage in a training step, MiB (schedule=1f1b K=2 M=4 remat=always, "
+        "1 optimizer slots per weight):"
+    )
+    assert lines[at + 1].split() == [
+        "stage", "weights", "grads", "slots", "activations", "workspace", "total", "alive"
+    ]  # fmt: skip
+    assert lines[at + 2].split()[0] == "0" and lines[at + 2].split()[-1] == "2"
+    total = report.memory_total / 2**20
+    assert lines[-1] == (
+        f"estimated total {total:.1f} MiB; measured peak {2 * total:.1f} MiB "
+        "(all CPU devices (one allocator)), estimate / measured 0.50"
+    )
+    # Without input shapes there is nothing to estimate and nothing is printed.
+    assert "memory" not in str(Pipe(input_shapes=None).PartitionReport())
