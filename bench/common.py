@@ -78,7 +78,14 @@ def Inputs(model: str):
     return (tf.random.stateless_normal([cfg["batch"], cfg["time"], cfg["dims"]], [1, 2]),)
 
 
-def Build(model: str, num_stages: int, num_micro_batches: int, remat: str):
+def Build(
+    model: str,
+    num_stages: int,
+    num_micro_batches: int,
+    remat: str,
+    schedule: str = "gpipe",
+    num_virtual_stages: int = 1,
+):
     """A PipeliningLayer, or (num_stages == 0) the plain stack as a SequentialLayer."""
     from lingpipe.layers import gpipe, sequential
 
@@ -93,20 +100,47 @@ def Build(model: str, num_stages: int, num_micro_batches: int, remat: str):
             num_stages=num_stages,
             num_micro_batches=num_micro_batches,
             remat=remat,
+            schedule=schedule,
+            num_virtual_stages=num_virtual_stages,
         )
         .Instantiate()
     )
 
 
-def TrainStep(layer):
-    """tf.function: loss and all gradients (alive together, as an optimizer needs them)."""
+def TrainStep(layer, executor: bool = False):
+    """tf.function: loss and all gradients (alive together, as an optimizer needs them).
+
+    The loss is the mean square of the outputs. executor=False differentiates
+    `layer(x)` under a tape (fill-drain, GPipe); executor=True runs
+    `layer.ForwardBackward`, which follows the layer's `schedule` (1F1B, ...).
+    """
     import tensorflow as tf
+
+    if executor:
+        return _ExecutorStep(layer)
 
     @tf.function(autograph=False)
     def Step(*inputs):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(layer(*inputs)))
         return loss, tape.gradient(loss, layer.trainable_variables)
+
+    return Step
+
+
+def _ExecutorStep(layer):
+    import tensorflow as tf
+
+    from lingpipe.nested_map import NestedMap
+
+    def Loss(outputs, _):
+        size = tf.cast(tf.size(outputs), tf.float32)
+        return NestedMap(loss=(tf.reduce_mean(tf.square(outputs)), size))
+
+    @tf.function(autograph=False)
+    def Step(*inputs):
+        out = layer.ForwardBackward(layer.theta, inputs, Loss)
+        return out.metrics.loss[0], tf.nest.flatten(out.theta_grads)
 
     return Step
 
