@@ -133,6 +133,13 @@ class PipelinedSequential(keras.Model):
         super().compile(*args, **kwargs)
         self._BuildOptimizer()
 
+    def get_compile_config(self) -> dict | None:
+        return super().get_compile_config()
+
+    def compile_from_config(self, config: dict) -> None:
+        """As keras.Model's (load_model calls it), with compile() building the slots."""
+        self.compile(**keras.saving.deserialize_keras_object(config))
+
     def _BuildOptimizer(self) -> None:
         """Builds the compiled optimizer eagerly, each slot on its weight's device.
 

@@ -48,9 +48,9 @@ def _StageDevice(variable):
     return variable.value.device[-5:]
 
 
-@pytest.mark.parametrize("num_stages", [2, 3])
-def test_fit_gives_the_weights_of_the_plain_keras_model(num_stages):
-    model = _Model(num_stages)
+@pytest.mark.parametrize("num_stages,schedule", [(2, "gpipe"), (3, "1f1b")])
+def test_fit_gives_the_weights_of_the_plain_keras_model(num_stages, schedule):
+    model = _Model(num_stages, schedule=schedule)
     ref = _Reference(model)
     x, y = _Data()
     history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
@@ -92,6 +92,13 @@ def test_callbacks_checkpoint_tensorboard_early_stopping(tmp_path):
         assert w.value.device[-5:] in ("CPU:1", "CPU:2")
     loss = model.evaluate(x, y, batch_size=8, verbose=0)
     assert loss == pytest.approx(fresh.evaluate(x, y, batch_size=8, verbose=0), rel=1e-6)
+    # A whole-model .keras file: config, weights and the compiled optimizer's state.
+    model.save(str(tmp_path / "model.keras"))
+    loaded = keras.models.load_model(str(tmp_path / "model.keras"))
+    assert isinstance(loaded, lpk.PipelinedSequential)
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+    for slot, w in zip(loaded.optimizer.momentums, loaded.trainable_weights):
+        assert _StageDevice(slot) == _StageDevice(w) and slot.numpy().any(), slot.path
 
 
 def test_eval_drops_nothing_and_training_drops_with_stateless_seeds():
