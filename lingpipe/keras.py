@@ -77,7 +77,7 @@ class PipelinedSequential(keras.Model):
     ) -> None:
         super().__init__(**kwargs)
         where = f"PipelinedSequential {self.name!r}"
-        templates = keras_cell._Templates(layers, where)  # noqa: SLF001 (one check, one text)
+        templates = keras_cell.KerasLayers(layers, where)
         if not templates:
             raise ValueError(f"{where}: expected at least one Keras layer, received none")
         self._configs = [keras.layers.serialize(layer) for layer in templates]
@@ -109,7 +109,7 @@ class PipelinedSequential(keras.Model):
             layer = keras.layers.deserialize(config)
             with tf.Graph().as_default():  # built for its output shape only
                 layer.build(shape)
-                shape = keras_cell._OutputShape(layer, shape)  # noqa: SLF001
+                shape = keras_cell.OutputShape(layer, shape)
         return cells
 
     def _BuildPipeline(self, input_shape: tuple) -> None:

@@ -48,8 +48,9 @@ def LayerConfig(class_name: str, **config: Any) -> dict:
     return {"module": "keras.layers", "class_name": class_name, "config": dict(config)}
 
 
-def _Templates(layers: Any, where: str) -> list:
-    """`layers` (a Keras layer, a keras.Sequential or a list of them) as a flat list."""
+def KerasLayers(layers: Any, where: str) -> list:
+    """`layers` (a Keras layer, a keras.Sequential or a list of them) as a flat list of
+    Keras layers; anything else is a TypeError that names it and its place."""
     items = list(layers) if isinstance(layers, (list, tuple)) else [layers]
     out = []
     for i, layer in enumerate(items):
@@ -104,8 +105,8 @@ def _CheckInputShape(shape: Any, where: str) -> list:
     return list(shape)
 
 
-def _OutputShape(layer: keras.layers.Layer, shape: tuple) -> tuple:
-    """The layer's output shape for `shape` (batch dim included)."""
+def OutputShape(layer: keras.layers.Layer, shape: tuple) -> tuple:
+    """The layer's output shape for inputs of `shape` ([batch, ...], batch may be None)."""
     try:
         out = layer.compute_output_shape(shape)
     except NotImplementedError:
@@ -151,7 +152,7 @@ class KerasCell(base_layer.BaseLayer):
         The layers are templates: the cell builds its own copies from their configs
         (their weights, if built, are not copied).
         """
-        templates = _Templates(layers, "KerasCell.FromKeras")
+        templates = KerasLayers(layers, "KerasCell.FromKeras")
         configs = [keras.layers.serialize(layer) for layer in templates]
         return cls.Params().Set(name=name, layers=configs, input_shape=list(input_shape))
 
@@ -165,7 +166,7 @@ class KerasCell(base_layer.BaseLayer):
             for i, layer in enumerate(layers):
                 with tf.name_scope(f"{self.path}/layer{i}/"):
                     layer.build(shape)
-                shape = _OutputShape(layer, shape)
+                shape = OutputShape(layer, shape)
         object.__setattr__(self, "_keras_layers", layers)
         object.__setattr__(self, "_weights", [])  # (theta name, keras.Variable)
         for i, layer in enumerate(layers):
@@ -228,7 +229,7 @@ class KerasCell(base_layer.BaseLayer):
         with tf.Graph().as_default():  # the weights are counted, not kept
             for layer in _Deserialize(p.layers, where):
                 layer.build((None, *shape[1:]))
-                shape = (shape[0], *_OutputShape(layer, (None, *shape[1:]))[1:])
+                shape = (shape[0], *OutputShape(layer, (None, *shape[1:]))[1:])
                 weights = layer.count_params()
                 elements = int(np.prod(shape, dtype=np.int64))
                 flops += 2 * (elements // max(shape[-1], 1)) * weights + elements
