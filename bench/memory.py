@@ -6,6 +6,15 @@
 Each configuration runs in its own process. On CPU, TensorFlow counts the whole
 process in one allocator (all logical devices together), so the peak is the
 step's total, not one device's; on a GPU machine read per-device numbers instead.
+
+Beside each pipelined row: the estimate of lingpipe.pipeline.memory (the sum over
+stages of PartitionReport's totals, no optimizer slots: the step only computes
+gradients), its ratio to the measured peak, and the simulated peak of alive
+micro-batches per stage.
+
+    python bench/memory.py --rows=schedules   # each schedule x remat, K=4, M=16,
+                                              # and K=2, M=8 for GPipe and 1F1B,
+                                              # through ForwardBackward: memory_schedules.json
 """
 
 from __future__ import annotations
@@ -20,26 +29,88 @@ from bench import common  # noqa: E402
 MIB = 1024 * 1024
 
 
-def Child(model: str, stages: int, micro: int, remat: str) -> dict:
+def Child(
+    model: str, stages: int, micro: int, remat: str, schedule: str = "", virtual: int = 1
+) -> dict:
+    """One configuration, measured in this process. schedule='' differentiates FProp
+    under a tape (fill-drain); a schedule's name runs ForwardBackward."""
     common.Setup(max(stages, 1))
     import tensorflow as tf
 
-    layer = common.Build(model, stages, micro, remat)
+    layer = common.Build(model, stages, micro, remat, schedule or "gpipe", virtual)
     inputs = common.Inputs(model)
-    step = common.TrainStep(layer)
+    step = common.TrainStep(layer, executor=bool(schedule))
     step(*inputs)  # trace, allocate
     tf.config.experimental.reset_memory_stats("CPU:0")
     before = tf.config.experimental.get_memory_info("CPU:0")["current"]
     step(*inputs)[0].numpy()
     peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-    return {
+    row = {
         "model": model,
+        "schedule": (schedule or "gpipe (tape)") + (f" v={virtual}" if virtual > 1 else ""),
         "stages": stages or "plain",
         "micro_batches": micro,
         "remat": remat if stages else "-",
         "peak_mib": peak / MIB,
         "step_mib": (peak - before) / MIB,
     }
+    if stages:
+        report = layer.PartitionReport(input_shapes=[x.shape for x in inputs])
+        row["estimate_mib"] = report.memory_total / MIB
+        row["est/peak"] = report.memory_total / peak
+        row["sim_alive"] = "/".join(str(s.memory.peak_alive) for s in report.stages)
+    return row
+
+
+def Schedules(models: list[str]) -> list[dict]:
+    """Each schedule x remat at K=4, M=16, and GPipe and 1F1B at K=2, M=8 (each in its
+    own process), through ForwardBackward."""
+    configs = [
+        (4, 16, remat, sched, v)
+        for sched, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1))
+        for remat in ("always", "except_last", "never")
+    ]
+    configs += [(2, 8, r, s, 1) for s in ("gpipe", "1f1b") for r in ("always", "never")]
+    rows = []
+    for model in models:
+        for k, m, r, sched, v in configs:
+            flags = [f"--models={model}", f"--stages={k}", f"--micro_batches={m}"]
+            flags += [f"--remat={r}", f"--schedule={sched}", f"--virtual={v}"]
+            row = common.RunChild(__file__, flags)
+            row.setdefault("model", model)
+            rows.append(row)
+            print(common.Table([row], list(row)), flush=True)
+    return rows
+
+
+def Checks(rows: list[dict]) -> list[str]:
+    """The issue's claims, read off the rows: 1F1B's peak against GPipe's (never, K=4,
+    M=16), except_last against always at the same M, the estimate's worst ratio."""
+
+    def Peak(model, sched, remat, k=4):
+        for r in rows:
+            if (r.get("model"), r.get("schedule"), r.get("remat"), r.get("stages")) == (
+                model,
+                sched,
+                remat,
+                k,
+            ) and "peak_mib" in r:
+                return r["peak_mib"]
+        return None
+
+    out = []
+    for model in dict.fromkeys(r.get("model") for r in rows):
+        g, f = Peak(model, "gpipe", "never"), Peak(model, "1f1b", "never")
+        if g and f:
+            out.append(f"{model}: remat=never K=4 M=16: 1F1B peak / GPipe peak = {f / g:.2f}")
+        for sched in ("gpipe", "1f1b", "interleaved_1f1b v=2", "zero_bubble"):
+            a, e = Peak(model, sched, "always"), Peak(model, sched, "except_last")
+            if a and e:
+                out.append(f"{model} {sched}: except_last / always (K=4, M=16) = {e / a:.2f}")
+    ratios = [r["est/peak"] for r in rows if "est/peak" in r]
+    if ratios:
+        out.append(f"estimate / measured peak: {min(ratios):.2f} .. {max(ratios):.2f}")
+    return out
 
 
 def Pivot(rows: list[dict]) -> str:
@@ -86,15 +157,36 @@ def main() -> None:
     ap.add_argument("--stages", default="1,2,4")
     ap.add_argument("--micro_batches", default="1,2,4,8,16")
     ap.add_argument("--remat", default="always,except_last,never")
-    ap.add_argument(
-        "--out", default=os.path.join(os.path.dirname(__file__), "results", "memory.json")
-    )
+    ap.add_argument("--rows", default="grid", help="grid (K x M x remat) or schedules")
+    ap.add_argument("--schedule", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--virtual", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="", help="JSON path (default bench/results/memory*.json)")
     args = ap.parse_args()
+    results = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     if args.child:
         import json
 
-        print(json.dumps(Child(args.models, int(args.stages), int(args.micro_batches), args.remat)))
+        row = Child(
+            args.models,
+            int(args.stages),
+            int(args.micro_batches),
+            args.remat,
+            args.schedule,
+            args.virtual,
+        )
+        print(json.dumps(row))
         return
+    if args.rows == "schedules":
+        rows = Schedules(args.models.split(","))
+        columns = ["model", "schedule", "stages", "micro_batches", "remat", "peak_mib"]
+        print(common.Table(rows, columns + ["estimate_mib", "est/peak", "sim_alive"]))
+        checks = Checks(rows)
+        print("\n".join(checks))
+        out = args.out or os.path.join(results, "memory_schedules.json")
+        common.WriteJson(out, {"machine": common.Machine(), "rows": rows, "checks": checks})
+        print(f"wrote {out}")
+        return
+    args.out = args.out or os.path.join(results, "memory.json")
     rows = []
     for model in args.models.split(","):
         configs = [(0, 1, "never")] + [
@@ -117,7 +209,8 @@ def main() -> None:
             if r["model"] == model and plain and "step_mib" in r and plain.get("step_mib"):
                 r["vs_plain"] = r["step_mib"] / plain["step_mib"]
     columns = ["model", "stages", "micro_batches", "remat", "peak_mib", "step_mib", "vs_plain"]
-    print(common.Table(rows, columns))
+    print(common.Table(rows, columns + ["estimate_mib", "est/peak", "sim_alive"]))
+    print("\n".join(Checks(rows)))
     print("\nstep MiB (peak minus what was allocated before the step), plain stack = 100%:")
     print(Pivot(rows))
     common.WriteJson(args.out, {"machine": common.Machine(), "rows": rows})
