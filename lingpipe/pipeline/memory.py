@@ -163,7 +163,7 @@ def _AsArgs(outputs: Any) -> tuple:
     return outputs if isinstance(outputs, tuple) else (outputs,)
 
 
-_TRACES: dict[tuple[str, str, str], CellMemory] = {}
+_TRACES: dict[tuple[str, str], CellMemory] = {}
 
 
 def TraceCell(parent_p: hyperparams.Params, cell_p: Any, in_specs: tuple) -> CellMemory:
@@ -171,7 +171,8 @@ def TraceCell(parent_p: hyperparams.Params, cell_p: Any, in_specs: tuple) -> Cel
     NestedMaps of them, one micro-batch): built and differentiated in a graph that
     is thrown away; identical cells on identical inputs are traced once."""
     shapes = tf.nest.map_structure(lambda s: (s.shape.as_list(), s.dtype.name), in_specs)
-    key = (parent_p.ToText(), cell_p.ToText(), repr(shapes))
+    # The cell as the parent builds it: what it inherits is in its own params.
+    key = (base_layer.BaseLayer.CopyBaseParams(parent_p, cell_p.Copy()).ToText(), repr(shapes))
     if key not in _TRACES:
         _TRACES[key] = _TraceInGraph(parent_p, cell_p, in_specs)
     return _TRACES[key]
