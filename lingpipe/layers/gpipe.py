@@ -18,6 +18,17 @@ Every op of stage k (forward, recomputation, gradient, the accumulation of its
 weights' gradients) runs on device k, whether gradients are taken with
 tf.GradientTape or tf.gradients; the only cross-device traffic is the
 activations and their gradients between neighbouring stages.
+
+Two ways to train it:
+
+    y = pipe(x)                # under your own tape: fill-drain (GPipe); the tape
+                               # builds the backward, each stage's on its device
+    out = pipe.ForwardBackward(pipe.theta, (x,), loss_fn)   # p.schedule decides
+
+`ForwardBackward` runs a schedule (lingpipe.pipeline.schedule: 'gpipe', '1f1b',
+'interleaved_1f1b' with num_virtual_stages chunks per device, 'zero_bubble'):
+the executor creates every forward and backward itself, in each device's order,
+with each micro-batch's loss computed on the last stage. Tasks train through it.
 """
 
 from __future__ import annotations
@@ -80,8 +91,9 @@ class PipeliningLayer(base_layer.BaseLayer):
         p.Define(
             "remat",
             "always",
-            "Recompute each stage's forward in backward: 'always', 'except_last' (not for "
-            "the last micro-batch, which is differentiated first), or 'never'.",
+            "Recompute each stage's forward in backward: 'always', 'except_last' (keep, "
+            "per stage, the micro-batch whose backward follows its forward most closely: "
+            "the last one under FProp and 'gpipe'), or 'never'.",
         )
         p.Define(
             "input_shapes",
