@@ -242,10 +242,15 @@ def _Spec(name: str) -> tf.DeviceSpec:
 
 
 def _LocalTask() -> tuple[str, int] | None:
-    """(job, task) of this process in the connected cluster; None when not connected."""
+    """(job, task) of this process in the connected cluster; None when not connected.
+
+    A client connected with experimental_connect_to_cluster has a server def; a
+    MultiWorkerMirroredStrategy worker has only the collective ops' one (its devices
+    are listed by their full names too)."""
     from tensorflow.python.eager import context
 
-    server_def = context.get_server_def()
+    ctx = context.context()
+    server_def = ctx._server_def or ctx._collective_ops_server_def
     if server_def is None:
         return None
     return server_def.job_name, server_def.task_index

@@ -47,6 +47,8 @@ def Events(directory):
     for path in files:
         for event in tf.compat.v1.train.summary_iterator(path):
             for value in event.summary.value:
+                if value.tensor.dtype == tf.string.as_datatype_enum:
+                    continue  # the params text summary
                 scalar = float(tf.make_ndarray(value.tensor))
                 out.setdefault(value.tag, {})[event.step] = scalar
     return out
