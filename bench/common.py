@@ -19,7 +19,7 @@ MODELS = {
     # Deep and activation-heavy, the regime GPipe is for: activations (16 x 8 MiB)
     # outweigh the weights (4 MiB) many times over.
     "mlp": dict(cells=16, batch=8192, dims=256),
-    # DESIGN.md's 16 x 1024 MLP at batch 1024: weights (64 MiB) as large as all the
+    # A 16 x 1024 MLP at batch 1024: weights (64 MiB) as large as all the
     # activations, so the weight gradients set a floor that no recompute can lower.
     "mlp_wide": dict(cells=16, batch=1024, dims=1024),
     # A transformer stack: 8 pre-norm layers, 128 tokens per example.
@@ -51,7 +51,10 @@ def Setup(num_devices: int, intra_op: int | None = None, inter_op: int | None = 
         tf.config.threading.set_inter_op_parallelism_threads(inter_op)
 
 
-def CellParams(model: str):
+def CellParams(model: str, dtype: str = "float32"):
+    """The model's cells; activations in `dtype` (weights stay float32)."""
+    import tensorflow as tf
+
     from lingpipe.layers import linear, transformer
 
     cfg = MODELS[model]
@@ -66,16 +69,18 @@ def CellParams(model: str):
             hidden_dims=cfg["hidden"],
             causal=True,
         )
-    return [p.Copy() for _ in range(cfg["cells"])]
+    fprop_dtype = None if dtype == "float32" else tf.as_dtype(dtype)
+    return [p.Copy().Set(fprop_dtype=fprop_dtype) for _ in range(cfg["cells"])]
 
 
-def Inputs(model: str):
+def Inputs(model: str, dtype: str = "float32"):
     import tensorflow as tf
 
     cfg = MODELS[model]
-    if model.startswith("mlp"):
-        return (tf.random.stateless_normal([cfg["batch"], cfg["dims"]], [1, 2]),)
-    return (tf.random.stateless_normal([cfg["batch"], cfg["time"], cfg["dims"]], [1, 2]),)
+    shape = [cfg["batch"], cfg["dims"]]
+    if not model.startswith("mlp"):
+        shape = [cfg["batch"], cfg["time"], cfg["dims"]]
+    return (tf.cast(tf.random.stateless_normal(shape, [1, 2]), dtype),)
 
 
 def Build(
@@ -85,11 +90,12 @@ def Build(
     remat: str,
     schedule: str = "gpipe",
     num_virtual_stages: int = 1,
+    dtype: str = "float32",
 ):
     """A PipeliningLayer, or (num_stages == 0) the plain stack as a SequentialLayer."""
     from lingpipe.layers import gpipe, sequential
 
-    cells = CellParams(model)
+    cells = CellParams(model, dtype)
     if num_stages == 0:
         return sequential.SequentialLayer.Params().Set(name="plain", sub=cells).Instantiate()
     return (
@@ -122,7 +128,7 @@ def TrainStep(layer, executor: bool = False):
     @tf.function(autograph=False)
     def Step(*inputs):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(layer(*inputs)))
+            loss = tf.reduce_mean(tf.square(tf.cast(layer(*inputs), tf.float32)))
         return loss, tape.gradient(loss, layer.trainable_variables)
 
     return Step
@@ -134,8 +140,8 @@ def _ExecutorStep(layer):
     from lingpipe.nested_map import NestedMap
 
     def Loss(outputs, _):
-        size = tf.cast(tf.size(outputs), tf.float32)
-        return NestedMap(loss=(tf.reduce_mean(tf.square(outputs)), size))
+        x = tf.cast(outputs, tf.float32)
+        return NestedMap(loss=(tf.reduce_mean(tf.square(x)), tf.cast(tf.size(x), tf.float32)))
 
     @tf.function(autograph=False)
     def Step(*inputs):

@@ -15,6 +15,8 @@ micro-batches per stage.
     python bench/memory.py --rows=schedules   # each schedule x remat, K=4, M=16,
                                               # and K=2, M=8 for GPipe and 1F1B,
                                               # through ForwardBackward: memory_schedules.json
+    python bench/memory.py --rows=precision   # float32 vs bfloat16 activations:
+                                              # memory_precision.json
 """
 
 from __future__ import annotations
@@ -30,15 +32,22 @@ MIB = 1024 * 1024
 
 
 def Child(
-    model: str, stages: int, micro: int, remat: str, schedule: str = "", virtual: int = 1
+    model: str,
+    stages: int,
+    micro: int,
+    remat: str,
+    schedule: str = "",
+    virtual: int = 1,
+    dtype: str = "float32",
 ) -> dict:
     """One configuration, measured in this process. schedule='' differentiates FProp
-    under a tape (fill-drain); a schedule's name runs ForwardBackward."""
+    under a tape (fill-drain); a schedule's name runs ForwardBackward. `dtype` is
+    the activations' (the weights stay float32)."""
     common.Setup(max(stages, 1))
     import tensorflow as tf
 
-    layer = common.Build(model, stages, micro, remat, schedule or "gpipe", virtual)
-    inputs = common.Inputs(model)
+    layer = common.Build(model, stages, micro, remat, schedule or "gpipe", virtual, dtype)
+    inputs = common.Inputs(model, dtype)
     step = common.TrainStep(layer, executor=bool(schedule))
     step(*inputs)  # trace, allocate
     tf.config.experimental.reset_memory_stats("CPU:0")
@@ -51,6 +60,7 @@ def Child(
         "stages": stages or "plain",
         "micro_batches": micro,
         "remat": remat if stages else "-",
+        "dtype": dtype,
         "peak_mib": peak / MIB,
         "step_mib": (peak - before) / MIB,
     }
@@ -58,6 +68,8 @@ def Child(
         report = layer.PartitionReport(input_shapes=[x.shape for x in inputs])
         row["estimate_mib"] = report.memory_total / MIB
         row["est/peak"] = report.memory_total / peak
+        # What one accelerator would hold: the largest stage's estimate.
+        row["est_device_mib"] = max(s.memory.total for s in report.stages) / MIB
         row["sim_alive"] = "/".join(str(s.memory.peak_alive) for s in report.stages)
     return row
 
@@ -83,19 +95,40 @@ def Schedules(models: list[str]) -> list[dict]:
     return rows
 
 
+def Precision(models: list[str]) -> list[dict]:
+    """float32 against bfloat16 activations (float32 weights): the plain stack, and
+    1F1B at K=2 and K=4, M=8, remat always and never, through ForwardBackward."""
+    configs = [(0, 1, "never", "")] + [
+        (k, 8, r, "1f1b") for k in (2, 4) for r in ("always", "never")
+    ]
+    rows = []
+    for model in models:
+        for k, m, r, sched in configs:
+            for dtype in ("float32", "bfloat16"):
+                flags = [f"--models={model}", f"--stages={k}", f"--micro_batches={m}"]
+                flags += [f"--remat={r}", f"--schedule={sched}", f"--dtype={dtype}"]
+                row = common.RunChild(__file__, flags)
+                row.setdefault("model", model)
+                if dtype == "bfloat16" and rows and "step_mib" in rows[-1] and "step_mib" in row:
+                    row["vs_float32"] = row["step_mib"] / rows[-1]["step_mib"]
+                rows.append(row)
+                print(common.Table([row], list(row)), flush=True)
+    return rows
+
+
 def Checks(rows: list[dict]) -> list[str]:
     """The issue's claims, read off the rows: 1F1B's peak against GPipe's (never, K=4,
     M=16), except_last against always at the same M, the estimate's worst ratio."""
 
-    def Peak(model, sched, remat, k=4):
+    def Peak(model, sched, remat, k=4, key="peak_mib"):
         for r in rows:
             if (r.get("model"), r.get("schedule"), r.get("remat"), r.get("stages")) == (
                 model,
                 sched,
                 remat,
                 k,
-            ) and "peak_mib" in r:
-                return r["peak_mib"]
+            ) and key in r:
+                return r[key]
         return None
 
     out = []
@@ -106,7 +139,13 @@ def Checks(rows: list[dict]) -> list[str]:
         for sched in ("gpipe", "1f1b", "interleaved_1f1b v=2", "zero_bubble"):
             a, e = Peak(model, sched, "always"), Peak(model, sched, "except_last")
             if a and e:
-                out.append(f"{model} {sched}: except_last / always (K=4, M=16) = {e / a:.2f}")
+                line = f"{model} {sched}: except_last / always (K=4, M=16) = {e / a:.2f}"
+                a, e = (
+                    Peak(model, sched, r, key="est_device_mib") for r in ("always", "except_last")
+                )
+                if a and e:
+                    line += f" (all stages, measured); {e / a:.2f} (largest stage, estimated)"
+                out.append(line)
     ratios = [r["est/peak"] for r in rows if "est/peak" in r]
     if ratios:
         out.append(f"estimate / measured peak: {min(ratios):.2f} .. {max(ratios):.2f}")
@@ -157,9 +196,13 @@ def main() -> None:
     ap.add_argument("--stages", default="1,2,4")
     ap.add_argument("--micro_batches", default="1,2,4,8,16")
     ap.add_argument("--remat", default="always,except_last,never")
-    ap.add_argument("--rows", default="grid", help="grid (K x M x remat) or schedules")
+    ap.add_argument(
+        "--rows", default="grid", choices=["grid", "schedules", "precision"],
+        help="grid (K x M x remat), schedules, or precision (float32 vs bfloat16)",
+    )  # fmt: skip
     ap.add_argument("--schedule", default="", help=argparse.SUPPRESS)
     ap.add_argument("--virtual", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help="JSON path (default bench/results/memory*.json)")
     args = ap.parse_args()
     results = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -173,8 +216,17 @@ def main() -> None:
             args.remat,
             args.schedule,
             args.virtual,
+            args.dtype,
         )
         print(json.dumps(row))
+        return
+    if args.rows == "precision":
+        rows = Precision(args.models.split(","))
+        columns = ["model", "schedule", "stages", "micro_batches", "remat", "dtype", "step_mib"]
+        print(common.Table(rows, columns + ["vs_float32", "estimate_mib", "est/peak"]))
+        out = args.out or os.path.join(results, "memory_precision.json")
+        common.WriteJson(out, {"machine": common.Machine(), "rows": rows})
+        print(f"wrote {out}")
         return
     if args.rows == "schedules":
         rows = Schedules(args.models.split(","))

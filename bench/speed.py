@@ -4,7 +4,7 @@
 
 Each row is one process. `threads=default` leaves TensorFlow's thread pools as
 they are; `threads=intra1_interK` sets intra_op=1 and inter_op=K so that stages
-run side by side, one core each (DESIGN.md: on a 2-core CPU the default pools
+run side by side, one core each (on a 2-core CPU the default pools
 already use both cores inside every op, leaving a pipeline nothing to gain).
 Rows with `mode=forward` time inference (eval mode, no gradients); the others a
 training step (loss and all gradients). CPU timings are ratios only; absolute
@@ -13,6 +13,9 @@ times mean something on a GPU.
 `--rows=precision` times the mixed-precision and XLA rows instead (PRECISION_CONFIGS):
 the training step of the tasks (`ForwardBackward`, 1F1B) in float32 and bfloat16,
 with and without `jit_compile_stages` (the plain stack: jit_compile over the step).
+
+`--rows=schedules` runs bench/schedules.py: each schedule's training step at K=2
+and K=4, M=8, with intra_op=1 and inter_op=K, beside its simulated bubble.
 """
 
 from __future__ import annotations
@@ -161,11 +164,17 @@ def main() -> None:
     ap.add_argument("--threads", default="default,intra1_interK")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--config", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--rows", default="threads", choices=["threads", "precision"])
+    ap.add_argument("--rows", default="threads", choices=["threads", "precision", "schedules"])
     ap.add_argument(
         "--out", default=os.path.join(os.path.dirname(__file__), "results", "speed.json")
     )
-    args = ap.parse_args()
+    args, rest = ap.parse_known_args()
+    if args.rows == "schedules":
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schedules.py")
+        flags = [f"--models={args.models}", f"--steps={args.steps}"]
+        os.execv(sys.executable, [sys.executable, script] + flags + rest)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.child and args.rows == "precision":
         k, m, remat, prec, xla = args.config.split(":")
         row = PrecisionChild(args.models, int(k), int(m), remat, prec, xla == "1", args.steps)

@@ -3,7 +3,7 @@
     python bench/timeline.py     # table + bench/results/timeline.json (+ one PNG per schedule)
 
 One process per schedule: K=2 logical CPU devices, M=8 micro-batches, intra_op=1
-and inter_op=K (one thread per stage, DESIGN.md), the speed MLP (8 cells of
+and inter_op=K (one thread per stage), the speed MLP (8 cells of
 512 x 512, batch 512), remat 'never'. Each process profiles 3 training steps
 (`PipeliningLayer.ForwardBackward` in a tf.function, after one unprofiled step)
 with lingpipe.pipeline.timeline.Record. `idle` is the share of the steps' time

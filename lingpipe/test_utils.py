@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-# float32 rounding, as DESIGN.md defines "the same".
+# "The same" means equal to float32 rounding: relative 1e-5, absolute 1e-6 near zero.
 RTOL = 1e-5
 ATOL = 1e-6
 
