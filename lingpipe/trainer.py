@@ -269,10 +269,26 @@ def _ProfileSteps() -> tuple[int, int] | None:
     return first, last
 
 
-def _WriteTimeline(pipelines: list, logdir: str, steps: list[int]) -> None:
-    """After profiling: LOGDIR/timeline.json and .png of the first of `pipelines`, and
-    the measured vs simulated idle share per device on stdout."""
-    from lingpipe.pipeline import timeline
+def _ResetMemoryPeaks(pipelines: list) -> None:
+    """Before the profiled steps: their peak memory is measured from here."""
+    from lingpipe.pipeline import memory
+
+    if pipelines and _LocalDevices(pipelines[0]):
+        memory.ResetPeaks(pipelines[0].devices)
+
+
+def _LocalDevices(pipeline) -> bool:
+    """Whether the pipeline's stages are all in this process (their memory is readable)."""
+    return not any("/job:" in d for d in pipeline.devices)
+
+
+def _WriteTimeline(task, pipelines: list, logdir: str, steps: list[int]) -> None:
+    """After profiling: LOGDIR/timeline.json and .png of the first of `pipelines`, the
+    measured vs simulated idle share per device, and its partition report with each
+    stage's estimated memory beside the peak measured over the profiled steps (per
+    device on accelerators; on CPU, one allocator for all, the sum) on stdout."""
+    from lingpipe.pipeline import memory, timeline
+    from lingpipe.runners import inspect_model
 
     if not pipelines:
         logging.warning("--profile_steps: the model has no pipeline; only the profile is written")
@@ -286,6 +302,10 @@ def _WriteTimeline(pipelines: list, logdir: str, steps: list[int]) -> None:
     json_path, png_path = timeline.Write(logdir, spans, sched)
     print(f"{timeline.Compare(spans, sched)} (steps {steps[0]}..{steps[-1]})", flush=True)
     logging.info("Wrote the measured timeline to %s and %s", json_path, png_path)
+    report = pipelines[0].PartitionReport(optimizer=inspect_model.TaskOptimizer(task))
+    if _LocalDevices(pipelines[0]):
+        report.measured = memory.MeasuredPeaks(pipelines[0].devices)
+    print(f"Pipeline {pipelines[0].path} in steps {steps[0]}..{steps[-1]}:\n{report}", flush=True)
 
 
 def _FindPipelines(layer) -> list:
@@ -382,8 +402,10 @@ def _Train(layout, tasks: list, plan, logdir: str, intervals, run) -> int:
     layout.CreateOptimizers(tasks)
     profile = None
     if run.profile_steps is not None:
-        done = functools.partial(_WriteTimeline, _FindPipelines(tasks[0]))
-        profile = train_loop.ProfileSteps(*run.profile_steps, done)
+        pipelines = _FindPipelines(tasks[0])
+        done = functools.partial(_WriteTimeline, tasks[0], pipelines)
+        begin = functools.partial(_ResetMemoryPeaks, pipelines)
+        profile = train_loop.ProfileSteps(*run.profile_steps, done, begin)
 
     def Evaluate(step: int) -> None:
         for evaler in plan.evalers:

@@ -390,6 +390,17 @@ def MeasuredPeaks(devices: Sequence[str]) -> dict[str, int]:
     return {d: _Peak(f"{n.device_type}:{n.device_index or 0}") for d, n in zip(devices, names)}
 
 
+def ResetPeaks(devices: Sequence[str]) -> None:
+    """Starts MeasuredPeaks(devices) afresh: resets the allocator's peak on each device
+    (on CPU, the one allocator of every logical device)."""
+    names = {tf.DeviceSpec.from_string(d) for d in devices}
+    kinds = {f"{n.device_type or 'CPU'}:{n.device_index or 0}" for n in names}
+    if all(k.upper().startswith("CPU") for k in kinds):
+        kinds = {"CPU:0"}
+    for k in sorted(kinds):
+        tf.config.experimental.reset_memory_stats(k)
+
+
 def _Peak(device: str) -> int:
     return int(tf.config.experimental.get_memory_info(device)["peak"])
 

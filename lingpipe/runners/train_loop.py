@@ -56,19 +56,20 @@ _CLUSTER_ERRORS = (
 )
 
 
-@dataclasses.dataclass
 @dataclasses.dataclass(frozen=True)
 class ProfileSteps:
     """Profile steps `first`..`last` (1-based, inclusive) with TensorFlow's profiler.
 
     The trace goes to `<logdir>/plugins/profile/` (TensorBoard's Profile tab);
-    `done(logdir, steps)` is then called with the steps recorded (lingpipe's
+    `begin()` is called before the first recorded step (to reset the memory peaks,
+    say), `done(logdir, steps)` after the last with the steps recorded (lingpipe's
     timeline is made from the trace there).
     """
 
     first: int
     last: int
     done: Callable[[str, list[int]], None] | None = None
+    begin: Callable[[], None] | None = None
 
 
 class _Profiler:
@@ -86,6 +87,8 @@ class _Profiler:
             return
         if step > p.first:
             logging.warning("Profiling from step %d: the run resumed after step %d", step, p.first)
+        if p.begin is not None:
+            p.begin()
         tf.profiler.experimental.start(self._logdir)
         self._steps = []
 

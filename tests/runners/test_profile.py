@@ -5,6 +5,7 @@ and timeline.png; and the params text summary is in train/."""
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -77,3 +78,14 @@ def test_params_text_summary_reads_back(run):
         params = [line for line in f.read().splitlines() if not line.startswith("#")]
     assert [line.strip() for line in texts[0].splitlines()] == [p.strip() for p in params]
     assert f"num_micro_batches : {M}" in texts[0]
+
+
+def test_memory_per_stage_is_printed_beside_the_measured_peak(run):
+    _, done = run
+    out = done.stdout
+    assert "memory per stage in a training step, MiB" in out
+    # On CPU one allocator serves every logical device: the sum is compared.
+    match = re.search(r"estimated total ([\d.]+) MiB; measured peak ([\d.]+) MiB", out)
+    assert match, out[-2000:]
+    estimate, measured = (float(g) for g in match.groups())
+    assert estimate > 0 and measured > 0
