@@ -92,8 +92,9 @@ class PipeliningLayer(base_layer.BaseLayer):
             "remat",
             "always",
             "Recompute each stage's forward in backward: 'always', 'except_last' (keep, "
-            "per stage, the micro-batch whose backward follows its forward most closely: "
-            "the last one under FProp and 'gpipe'), or 'never'.",
+            "per stage, the micro-batch whose backward follows its forward most closely "
+            "with no other backward in between: the last one under FProp and 'gpipe'), "
+            "or 'never'.",
         )
         p.Define(
             "input_shapes",
@@ -473,7 +474,12 @@ class PipeliningLayer(base_layer.BaseLayer):
 
         'never' keeps all, 'always' none; 'except_last' keeps, per stage, the
         micro-batch whose backward follows its forward most closely on the device
-        (the latest one on a tie): the one that recomputing would gain least from.
+        (the latest one on a tie), provided no other backward runs on the device in
+        between: that backward would replay its own forward while the kept
+        activations are still held, two micro-batches' activations at once, more
+        than 'always' ever holds. Under GPipe every stage keeps its last micro-batch;
+        under 1F1B the last stage keeps its last (forward and backward adjacent) and
+        the others their first (only forwards run before its backward).
         """
         p = self.params
         pairs = {(s, m) for s in range(sched.num_stages) for m in range(sched.num_micro_batches)}
@@ -482,12 +488,16 @@ class PipeliningLayer(base_layer.BaseLayer):
         kept = set()
         for acts in sched.device_actions:
             where = {(a.kind, a.stage, a.micro_batch): i for i, a in enumerate(acts)}
+            backs = [i for i, a in enumerate(acts) if a.kind in ("B", "I")]
             for stage in {a.stage for a in acts}:
                 gaps = []
                 for m in range(sched.num_micro_batches):
+                    fwd = where[("F", stage, m)]
                     back = where.get(("B", stage, m), where.get(("I", stage, m)))
-                    gaps.append((back - where[("F", stage, m)], -m))
-                kept.add((stage, -min(gaps)[1]))
+                    if not any(fwd < i < back for i in backs):
+                        gaps.append((back - fwd, -m))
+                if gaps:
+                    kept.add((stage, -min(gaps)[1]))
         return kept
 
     def ForwardBackward(

@@ -232,8 +232,13 @@ def test_except_last_keeps_the_micro_batch_whose_backward_follows_its_forward():
     pipe = Pipeline([Mlp()] * 4, 2, 4, "except_last", schedule="gpipe")
     assert pipe.KeptActivations(pipe.Schedule(4)) == {(0, 3), (1, 3)}
     pipe = Pipeline([Mlp()] * 4, 2, 4, "except_last", schedule="1f1b")
-    # Device 1 runs F B F B...: every gap is 1, the latest wins; device 0: F F B F B ...
-    assert pipe.KeptActivations(pipe.Schedule(4)) == {(0, 3), (1, 3)}
+    # Device 1 runs F B F B...: every gap is 1, the latest wins. Device 0 runs
+    # F0 F1 B0 F2 B1 F3 B2 B3: only micro-batch 0 has no other backward (replaying its
+    # forward, holding its activations) between its F and B; F3 has a closer B3 but
+    # keeping it would hold two micro-batches' activations during B2.
+    assert pipe.KeptActivations(pipe.Schedule(4)) == {(0, 0), (1, 3)}
+    pipe = Pipeline([Mlp()] * 4, 2, 4, "except_last", schedule="zero_bubble")
+    assert (1, 3) in pipe.KeptActivations(pipe.Schedule(4))
 
 
 def test_errors_name_what_was_received():
