@@ -288,22 +288,25 @@ def ActivationBytes(
     return peak
 
 
-def _Spec(x: Any, key: str = "") -> Any:
+def _Spec(x: Any, key: str = "", float_dtype: tf.DType = tf.float32) -> Any:
     """A whole-batch input as tf.TensorSpec (NestedMaps keep their structure). A bare
-    shape is float32, except under a key ending in 'ids' or 'labels': int32, as
-    lingpipe's tasks feed token ids and labels."""
+    shape is `float_dtype` (the cells' compute dtype), except under a key ending in
+    'ids' or 'labels': int32, as lingpipe's tasks feed token ids and labels."""
     if isinstance(x, dict):
-        return type(x)({k: _Spec(v, k) for k, v in x.items()})
+        return type(x)({k: _Spec(v, k, float_dtype) for k, v in x.items()})
     if isinstance(x, tf.TensorSpec):
         return x
-    dtype = tf.int32 if key.endswith(("ids", "labels")) else tf.float32
+    dtype = tf.int32 if key.endswith(("ids", "labels")) else float_dtype
     return tf.TensorSpec(base_layer.ToShape(x), dtype)
 
 
-def MicroBatchSpecs(input_specs: tuple, num_micro_batches: int, batch_dim: int) -> tuple:
+def MicroBatchSpecs(
+    input_specs: tuple, num_micro_batches: int, batch_dim: int, float_dtype=tf.float32
+) -> tuple:
     """The specs of the largest micro-batch: leaves whose size along batch_dim is the
-    batch (that of the first leaf that has one) are cut to ceil(batch / M)."""
-    specs = tuple(_Spec(x) for x in input_specs)
+    batch (that of the first leaf that has one) are cut to ceil(batch / M). Bare
+    shapes are `float_dtype`."""
+    specs = tuple(_Spec(x, "", float_dtype) for x in input_specs)
     leaves = tf.nest.flatten(specs)
     batch = next(
         (s.shape[batch_dim] for s in leaves if s.shape.rank and s.shape.rank > batch_dim), None
@@ -352,10 +355,15 @@ def Estimate(
             f"memory estimate: expected one list of cells per stage of the schedule "
             f"({sched.num_stages}), received {len(stage_cells)}"
         )
-    specs = MicroBatchSpecs(input_specs, sched.num_micro_batches, batch_dim)
+    first = cell_params[0] if cell_params else parent_p
+    compute = tf.as_dtype(
+        getattr(first, "fprop_dtype", None) or parent_p.fprop_dtype or parent_p.dtype
+    )  # the dtype the first cell computes in, which bare input shapes take
+    specs = MicroBatchSpecs(input_specs, sched.num_micro_batches, batch_dim, compute)
     cells = TraceCells(parent_p, cell_params, specs)
     sim = simulate.Simulate(sched)
-    batch_bytes = sum(_Bytes(s) for s in tf.nest.flatten(tuple(_Spec(x) for x in input_specs)))
+    whole = tuple(_Spec(x, "", compute) for x in input_specs)
+    batch_bytes = sum(_Bytes(s) for s in tf.nest.flatten(whole))
     out = []
     for k, idx in enumerate(stage_cells):
         mine = [cells[i] for i in idx]

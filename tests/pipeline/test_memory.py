@@ -49,6 +49,9 @@ EXPECTED = {
     ("gpipe", "except_last"): (BATCH + 2 * ACT, 3 * ACT + 3 * ACT),
     ("gpipe", "never"): (BATCH + 4 * 2 * ACT, 4 * 3 * ACT),
     ("1f1b", "always"): (BATCH + 2 * ACT, 1 * ACT + 2 * ACT),
+    # 1F1B keeps stage 0's micro-batch 0 (only forwards before its backward) and stage
+    # 1's micro-batch 3 (F3 B3 adjacent): never two micro-batches' activations at once.
+    ("1f1b", "except_last"): (BATCH + 2 * ACT, 1 * ACT + 2 * ACT),
     ("1f1b", "never"): (BATCH + 2 * 2 * ACT, 1 * 3 * ACT),
 }
 
@@ -65,6 +68,27 @@ def test_estimate_matches_hand_computed_mlp(schedule, remat):
     alive = {"gpipe": [4, 4], "1f1b": [2, 1]}[schedule]
     assert [m.peak_alive for m in got] == alive
     assert report.memory_total == sum(m.total for m in got)
+
+
+def test_bfloat16_cells_are_estimated_in_bfloat16():
+    import tensorflow as tf
+
+    def Activations(dtype):
+        cell = linear.ProjectionLayer.Params().Set(
+            input_dims=8, output_dims=8, activation="RELU", fprop_dtype=dtype
+        )
+        p = gpipe.PipeliningLayer.Params().Set(
+            name="pipe", cell_tpl=[cell.Copy() for _ in range(4)], num_stages=2,
+            num_micro_batches=4, input_shapes=([16, 8],),
+        )  # fmt: skip
+        report = p.Instantiate().PartitionReport()
+        assert report.memory_total is not None, report.memory_note
+        return [s.memory.activations for s in report.stages]
+
+    # Half the bytes per activation, plus the bfloat16 copies of the weights that the
+    # backward reads (each cell casts its float32 weights where it uses them).
+    bf16, f32 = Activations(tf.bfloat16), Activations(None)
+    assert all(f / 2 < b < f for b, f in zip(bf16, f32)), (bf16, f32)
 
 
 def test_slot_bytes_per_optimizer():
