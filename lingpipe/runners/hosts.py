@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from lingpipe.runners import train_loop
+from lingpipe.runners import checkpointer, train_loop
 
 DEFAULT_TIMEOUT_S = 60.0
 _T = TypeVar("_T")
@@ -247,11 +247,25 @@ class HostsTrainer(train_loop.Trainer):
             cause = e.__context__
             text = getattr(cause, "message", str(cause or e))
             gone = GoneWorkers(self._cluster, text)
-            who = ", ".join(self._cluster.Name(t) for t in gone) or "a worker"
             kind = type(cause).__name__ if cause is not None else "error"
-            raise train_loop.ClusterError(
-                f"Step {step} failed: {who} is gone or unreachable ({kind}). The checkpoints "
-                f"are intact (latest: {self.checkpointer.latest}); restart the worker "
-                "(python -m lingpipe.worker) and rerun the trainer with the same command to "
-                "resume from it."
-            ) from None
+            raise self._Gone(step, gone, kind) from None
+
+    def _Save(self, step: int) -> None:
+        """A save reads every stage's variables from its worker: one that died during
+        it is named as in a step, not reported as a checkpoint that cannot be written."""
+        try:
+            super()._Save(step)
+        except checkpointer.CheckpointError:
+            gone = [t for t, a in enumerate(self._cluster.workers) if Answers(a, 2.0) is not None]
+            if not gone:
+                raise
+            raise self._Gone(step, gone, "lost while saving its checkpoint") from None
+
+    def _Gone(self, step: int, gone: list[int], kind: str) -> train_loop.ClusterError:
+        who = ", ".join(self._cluster.Name(t) for t in gone) or "a worker"
+        return train_loop.ClusterError(
+            f"Step {step} failed: {who} is gone or unreachable ({kind}). The checkpoints "
+            f"are intact (latest: {self.checkpointer.latest}); restart the worker "
+            "(python -m lingpipe.worker) and rerun the trainer with the same command to "
+            "resume from it."
+        )

@@ -136,6 +136,23 @@ def test_tf_config_errors_say_what_the_trainer_and_worker_expect():
         worker.ReadTask(_TfConfig(spec, "worker", 3))
 
 
+def test_a_worker_lost_during_a_save_is_named_not_reported_as_an_unwritable_checkpoint():
+    from lingpipe.runners import checkpointer, train_loop
+
+    class Saver:
+        latest = "/run/checkpoints/ckpt-5"
+
+        def Save(self, step):
+            raise checkpointer.CheckpointError(f"cannot write checkpoint ckpt-{step}")
+
+    (closed,) = _FreePorts(1)  # nothing listens there: the worker is gone
+    trainer = object.__new__(hosts.HostsTrainer)
+    trainer._cluster = hosts.Cluster("127.0.0.1:1", (f"127.0.0.1:{closed}",))
+    trainer._checkpointer, trainer._is_chief, trainer._saved_step = Saver(), True, 5
+    with pytest.raises(train_loop.ClusterError, match=r"^Step 10 failed: worker 0 \(127"):
+        trainer._Save(10)
+
+
 def test_report_counts_the_bytes_that_cross_each_host_boundary_per_step():
     w = "/job:worker/replica:0/task:{}/device:CPU:{}"
     devices = [w.format(0, 0), w.format(0, 1), w.format(1, 0), w.format(1, 1)]
