@@ -8,7 +8,15 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
-from gpipe_cells import DIMS, Mlp, MlpWithBatchNorm, MlpWithDropout, Pipeline, SkipCell
+from gpipe_cells import (
+    DIMS,
+    Mlp,
+    MlpWithBatchNorm,
+    MlpWithDropout,
+    Pipeline,
+    SkipCell,
+    Transformer,
+)
 from test_gpipe_placement import _BarrierCell
 
 from lingpipe import base_layer, seeds, test_utils
@@ -32,6 +40,17 @@ TRACED = [
     for i in [(1, 2, 4, 8).index(m)]
     if v == 1 or name == "interleaved_1f1b"
 ]
+
+
+# A transformer stack (4 layers, so K * v <= 4) for every schedule and (K, M) pair,
+# the remat policy rotating; interleaved with v=2 where M allows it.
+TRANSFORMER = [
+    (name, k, m, 2 if name == "interleaved_1f1b" and k <= 2 and m % k == 0 else 1,
+     REMATS[(k + i) % 3])
+    for name in schedule.SCHEDULES
+    for k in (1, 2, 3, 4)
+    for i, m in enumerate((1, 2, 4, 8))
+]  # fmt: skip
 
 
 def Loss(outputs, unused_loss_inputs=None):
@@ -92,6 +111,13 @@ def test_mlp_grid_eagerly(name, k, m, v, remat):
 def test_mlp_grid_traced(name, k, m, v, remat):
     pipe = Pipeline([Mlp()] * 8, k, m, remat, schedule=name, num_virtual_stages=v)
     AssertSameAsReference(pipe, (tf.random.normal([8, DIMS]),), use_function=True)
+
+
+@pytest.mark.parametrize("name,k,m,v,remat", TRANSFORMER)
+def test_transformer_stack_eagerly(name, k, m, v, remat):
+    pipe = Pipeline([Transformer()] * 4, k, m, remat, schedule=name, num_virtual_stages=v)
+    paddings = tf.cast(tf.random.uniform([8, 5]) < 0.2, tf.float32)
+    AssertSameAsReference(pipe, (tf.random.normal([8, 5, DIMS]), paddings))
 
 
 @pytest.mark.parametrize("name", schedule.SCHEDULES)
