@@ -7,14 +7,8 @@ from lingpipe.inputs import image as image_input
 from lingpipe.models import base_model_params, image
 
 
-@model_registry.RegisterSingleTaskModel
-class AmoebaNetDigitsTiny(base_model_params.SingleTaskModelParams):
-    """AmoebaNet-A with 16 filters, N=1, one reduction, on the 8x8 digits; 2 stages.
-
-    Cells: stem, normal (16), reduction (32, 4x4), normal (32), head: 60k weights, cut
-    into 2 stages of 2 micro-batches. On CPU its test accuracy in eval mode (batch
-    norm's moving statistics) passes 90% within about 75 steps of batch 32 (97% at 150).
-    """
+class DigitsData(base_model_params.SingleTaskModelParams):
+    """scikit-learn's 8x8 digits: batches of 32 to train, each eval split in one batch."""
 
     def Train(self) -> hyperparams.InstantiableParams:
         return image_input.DigitsInput.Params().Set(name="train_input", batch_size=32)
@@ -25,6 +19,16 @@ class AmoebaNetDigitsTiny(base_model_params.SingleTaskModelParams):
 
     def Test(self) -> hyperparams.InstantiableParams:
         return self.Dev().Set(name="test_input", split="test")
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetDigitsTiny(DigitsData):
+    """AmoebaNet-A with 16 filters, N=1, one reduction, on the 8x8 digits; 2 stages.
+
+    Cells: stem, normal (16), reduction (32, 4x4), normal (32), head: 60k weights, cut
+    into 2 stages of 2 micro-batches. On CPU its test accuracy in eval mode (batch
+    norm's moving statistics) passes 90% within about 75 steps of batch 32 (97% at 150).
+    """
 
     def Task(self) -> hyperparams.InstantiableParams:
         p = image.AmoebaNetClassifier.Params().Set(

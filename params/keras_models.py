@@ -5,11 +5,12 @@ from __future__ import annotations
 from lingpipe import hyperparams, model_registry, optimizers
 from lingpipe.inputs import image as image_input
 from lingpipe.layers import keras_cell, linear
-from lingpipe.models import base_model_params, keras_classifier
+from lingpipe.models import keras_classifier
+from params import image as image_params
 
 
 @model_registry.RegisterSingleTaskModel
-class KerasMlp(base_model_params.SingleTaskModelParams):
+class KerasMlp(image_params.DigitsData):
     """An MLP of Keras layers on the 8x8 digits, a lingpipe projection as its head; 2 stages.
 
     Cells: Keras [Flatten, Dense(64, relu)], Keras [Dense(64, relu), LayerNormalization,
@@ -17,16 +18,6 @@ class KerasMlp(base_model_params.SingleTaskModelParams):
     """
 
     HIDDEN = 64
-
-    def Train(self) -> hyperparams.InstantiableParams:
-        return image_input.DigitsInput.Params().Set(name="train_input", batch_size=32)
-
-    def Dev(self) -> hyperparams.InstantiableParams:
-        # 179 images in each eval split: one batch holds all of them.
-        return self.Train().Set(name="dev_input", split="dev", batch_size=179, repeat=False)
-
-    def Test(self) -> hyperparams.InstantiableParams:
-        return self.Dev().Set(name="test_input", split="test")
 
     def Task(self) -> hyperparams.InstantiableParams:
         hidden = self.HIDDEN

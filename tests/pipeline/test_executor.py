@@ -18,20 +18,14 @@ from gpipe_cells import (
     Transformer,
 )
 from test_gpipe_placement import _BarrierCell
+from test_schedule import ALL
 
 from lingpipe import base_layer, seeds, test_utils
 from lingpipe.nested_map import NestedMap
 from lingpipe.pipeline import schedule
 
 REMATS = ("always", "except_last", "never")
-CASES = [
-    (name, k, m, v)
-    for name in schedule.SCHEDULES
-    for k in (1, 2, 3, 4)
-    for m in (1, 2, 4, 8)
-    for v in ((1, 2) if name == "interleaved_1f1b" else (1,))
-    if not (v > 1 and m % k)
-]
+CASES = ALL  # every schedule, K, M and v that can run (test_schedule)
 # Traced (the graph, with its chains and held-back weight gradients): every schedule
 # with every (K, M) pair, the remat policy rotating.
 TRACED = [
