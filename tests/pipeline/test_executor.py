@@ -36,14 +36,15 @@ TRACED = [
 ]
 
 
-# A transformer stack (4 layers, so K * v <= 4) for every schedule and (K, M) pair,
-# the remat policy rotating; interleaved with v=2 where M allows it.
+# A transformer stack (4 layers, so K * v <= 4) over every (K, M) pair, the schedule
+# and the remat policy rotating (each schedule meets each K); interleaved with v=2
+# where M allows it.
 TRANSFORMER = [
     (name, k, m, 2 if name == "interleaved_1f1b" and k <= 2 and m % k == 0 else 1,
      REMATS[(k + i) % 3])
-    for name in schedule.SCHEDULES
     for k in (1, 2, 3, 4)
     for i, m in enumerate((1, 2, 4, 8))
+    for name in [schedule.SCHEDULES[(k + i) % len(schedule.SCHEDULES)]]
 ]  # fmt: skip
 
 
