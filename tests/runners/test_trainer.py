@@ -21,6 +21,7 @@ LAUNCH = (
     "from lingpipe import trainer; trainer.Run()"
 )
 LM = "--model=lm.TransformerLmTiny"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT_S = 240
 
 
@@ -29,7 +30,10 @@ def _Command(*flags):
 
 
 def _Env():
-    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    """The environment of a child process: quiet, CPU only, and this checkout's lingpipe first
+    (a script in tests/ would otherwise import whichever lingpipe is installed, or none)."""
+    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONPATH=path)
 
 
 def Trainer(*flags, timeout=TIMEOUT_S):
