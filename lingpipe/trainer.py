@@ -113,8 +113,9 @@ flags.DEFINE_enum(
     STRATEGIES,
     "tf.distribute strategy: default (one replica on this host), mirrored (replicas "
     "on this host's devices), multi_worker (replicas over the hosts of TF_CONFIG), tpu, "
-    "hosts (one pipeline whose stages live on the workers of TF_CONFIG, each running "
-    "python -m lingpipe.worker; this trainer is the chief).",
+    "hosts (pipelines whose stages live on the workers of TF_CONFIG, each running "
+    "python -m lingpipe.worker; this trainer is the chief; one replica per K of the "
+    "workers' devices).",
 )
 flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu.")
 flags.DEFINE_float(
@@ -128,7 +129,8 @@ flags.DEFINE_integer(
     "logical_devices",
     0,
     "Split the CPU into this many logical devices, to pipeline without accelerators. "
-    "0: as many as the pipeline's stages need when there is no GPU or TPU.",
+    "0: as many as the pipeline's stages need when there is no GPU or TPU. "
+    "--strategy=hosts: this client's devices, one per replica it runs (0: 8).",
 )
 flags.DEFINE_integer("log_interval_steps", 100, "Log the metrics every this many steps (0: never).")
 flags.DEFINE_integer(
@@ -334,6 +336,10 @@ def _SetUpDevices(num_stages: int) -> None:
     has_accelerators = tf.config.list_physical_devices("GPU") or tf.config.list_physical_devices(
         "TPU"
     )
+    if n == 0 and FLAGS.strategy == "hosts":
+        from lingpipe.runners import hosts
+
+        n = hosts.CLIENT_DEVICES  # one per replica; the stages live on the workers
     if n == 0 and num_stages > 1 and not has_accelerators:
         n = num_stages
     if n:
@@ -454,6 +460,8 @@ def _Run(scope: contextlib.ExitStack) -> int:
     plan = preflight.Prepare(resolved, layout, tasks, logdir, FLAGS.mode)
     for path, report in inspect_model.PipelineReports(tasks[0]):
         logging.info("Pipeline %s:\n%s", path, report)
+    if traffic := layout.DescribeTraffic(tasks):
+        logging.info("%s", traffic)
     if plan.batch_plan:
         logging.info("%s", plan.batch_plan)
     if FLAGS.mode == "export":

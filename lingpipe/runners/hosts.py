@@ -14,8 +14,9 @@ connect waits forever on a closed port, holding its context), connects with
 checkpoints, summaries and results) and lists each worker's devices.
 `StageGroups` places the stages over them in order: worker 0's devices take the
 first stages, worker 1's the next, so the only traffic between hosts is at the
-stage boundaries where one worker's devices end. `HostsTrainer` names the worker
-that went away when a step fails.
+stage boundaries where one worker's devices end; devices enough for several
+pipelines make several data-parallel replicas (strategies.HostsLayout).
+`HostsTrainer` names the worker that went away when a step fails.
 """
 
 from __future__ import annotations
@@ -29,9 +30,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from lingpipe.pipeline import report
 from lingpipe.runners import checkpointer, train_loop
 
 DEFAULT_TIMEOUT_S = 60.0
+# The client's own CPU devices: one per data-parallel replica it runs (the replicas'
+# stages live on the workers). The trainer's --logical_devices sets another number.
+CLIENT_DEVICES = 8
 _T = TypeVar("_T")
 _EXAMPLE = (
     'TF_CONFIG=\'{"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", '
@@ -219,6 +224,22 @@ def Task(device: str) -> int | None:
     """The worker task of a full device name; None for this process's devices."""
     match = _TASK_IN_ERROR.search(device)
     return int(match.group(1)) if match else None
+
+
+def GradientTraffic(copies: Sequence[Sequence[tuple[str, int]]]) -> int:
+    """Bytes per step that averaging the gradients moves between hosts.
+
+    copies[r][i] is (device, bytes) of weight i in replica r's copy of the task.
+    Each gradient is averaged where replica 0's copy lives
+    (train_loop.ReduceOnGradientDevices): a replica whose copy is on another host
+    sends its gradient there and receives the mean back.
+    """
+    total = 0
+    for copy in copies[1:]:
+        for (device, size), (home, _) in zip(copy, copies[0]):
+            if report.Host(device) != report.Host(home):
+                total += 2 * size
+    return total
 
 
 def GoneWorkers(cluster: Cluster, error_text: str, timeout_s: float = 2.0) -> list[int]:

@@ -11,10 +11,11 @@ per strategy (`BuildLayout(name, ...)` picks it):
                    runs its own replicas over its local devices, as `mirrored` does.
     tpu            TPUStrategy with a DeviceAssignment of K cores per replica
                    (lingpipe.tpu).
-    hosts          one replica whose stages live on other hosts: the workers of
+    hosts          replicas whose stages live on other hosts: the workers of
                    TF_CONFIG, each running `python -m lingpipe.worker`; this process
                    is the chief, the client of TensorFlow's distributed runtime
-                   (lingpipe.runners.hosts).
+                   (lingpipe.runners.hosts). The workers' devices in groups of K,
+                   one replica per group, as `mirrored` does with one host's.
 
 On CPU, GPU and multi-worker layouts each local replica has its own copy of the
 task, built inside `cluster.ReplicaDevices(group)` so that its pipeline's weights
@@ -104,6 +105,12 @@ class Layout:
         """A factory of the context entered around each replica's forward and backward."""
         return None
 
+    def GradientReduction(self) -> Callable[[list], list]:
+        """How a replica averages its gradients with the others' (train_loop)."""
+        from lingpipe.runners import train_loop
+
+        return train_loop.ReduceGradients
+
     def InputContext(self) -> tf.distribute.InputContext:
         """What `distribute_datasets_from_function` tells this worker's input pipeline."""
         return tf.distribute.InputContext(
@@ -136,6 +143,7 @@ class Layout:
             is_chief=self.is_chief,
             apply_in_replica=self.distributes_variables,
             replica_context=self.StageContext(),
+            reduce_gradients=self.GradientReduction(),
             **kwargs,
         )
 
@@ -154,6 +162,10 @@ class Layout:
             num_workers=self.num_workers,
             replica_context=self.StageContext(),
         )
+
+    def DescribeTraffic(self, tasks: list) -> str | None:
+        """A line on what the replicas' gradient averaging sends between hosts, if any."""
+        return None
 
     def Describe(self) -> str:
         head = (
@@ -364,19 +376,34 @@ class TpuLayout(Layout):
 
 
 class HostsLayout(Layout):
-    """One replica whose stages live on the workers of TF_CONFIG (lingpipe.runners.hosts).
+    """Replicas whose stages live on the workers of TF_CONFIG (lingpipe.runners.hosts).
 
-    This process is the chief: it connects to the workers, places stage k on the
-    k-th of their devices (worker 0's first), reads the data and writes the
-    checkpoints, summaries and results. `collective_timeout_s` bounds the wait for
-    the workers at start-up (default hosts.DEFAULT_TIMEOUT_S).
+    This process is the chief: it connects to the workers, and their devices, in
+    order (worker 0's first), make groups of K: stage k of replica r on the k-th
+    device of group r, so a replica's pipeline may cross hosts. It reads the data
+    and writes the checkpoints, summaries and results. With several groups,
+    MirroredStrategy runs one replica per group on this client's own CPU devices
+    (a replica's stages are placed on its workers; only its batch, loss and
+    metrics stay here), and each gradient is averaged where replica 0's copy of it
+    lives (train_loop.ReduceOnGradientDevices), so gradients travel between the
+    workers and never through the client. The client offers one CPU device per
+    replica it can run (trainer: --logical_devices, default hosts.CLIENT_DEVICES);
+    groups beyond that stay idle, and Describe says so. `collective_timeout_s`
+    bounds the wait for the workers at start-up (default hosts.DEFAULT_TIMEOUT_S).
     """
 
     name = "hosts"
 
-    def __init__(self, groups: list[list[str]], cluster_spec) -> None:
-        super().__init__(tf.distribute.get_strategy(), groups)
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        groups: list[list[str]],
+        cluster_spec,
+        idle_groups: int = 0,
+    ) -> None:
+        super().__init__(strategy, groups)
         self.cluster = cluster_spec
+        self.idle_groups = idle_groups
 
     @classmethod
     def Build(cls, num_stages: int, tpu: str | None, collective_timeout_s: float | None) -> Layout:
@@ -389,9 +416,41 @@ class HostsLayout(Layout):
             groups = hosts.StageGroups(task_devices, num_stages)
         except ValueError as e:
             raise startup.UsageError(f"--strategy=hosts: {e}") from None
-        # Data parallel over several cross-host pipelines would all-reduce through
-        # this client; one replica until that is measured (the rest stay idle).
-        return cls(groups[:1], cluster_spec)
+        client = cluster.AvailableDevices("CPU")
+        replicas = max(1, min(len(groups), len(client)))
+        if replicas == 1:
+            strategy = tf.distribute.get_strategy()
+        else:
+            # The metrics' and the stop flag's all-reduce (scalars) runs on this client;
+            # the gradients' runs on the workers (GradientReduction). Not the collective
+            # all-reduce: a connected client's collective executor does not find its own
+            # devices under the job name the connection gave them.
+            strategy = tf.distribute.MirroredStrategy(
+                devices=client[:replicas],
+                cross_device_ops=tf.distribute.ReductionToOneDevice(client[0]),
+            )
+        return cls(strategy, groups[:replicas], cluster_spec, len(groups) - replicas)
+
+    def GradientReduction(self) -> Callable[[list], list]:
+        from lingpipe.runners import train_loop
+
+        return train_loop.ReduceOnGradientDevices
+
+    def DescribeTraffic(self, tasks: list) -> str | None:
+        from lingpipe.runners import hosts
+
+        if len(tasks) < 2:
+            return None
+        copies = [
+            [(v.device, v.shape.num_elements() * v.dtype.size) for v in t.trainable_variables]
+            for t in tasks
+        ]
+        kib = hosts.GradientTraffic(copies) / 1024
+        return (
+            f"{len(tasks)} replicas: averaging their gradients on replica 0's stage devices "
+            f"moves {kib:.1f} KiB between hosts per step (each other replica's gradients "
+            "there, the means back)"
+        )
 
     def TrainerClass(self) -> Callable[..., Any]:
         from lingpipe.runners import hosts
@@ -402,12 +461,21 @@ class HostsLayout(Layout):
     def Describe(self) -> str:
         from lingpipe.runners import hosts
 
-        return (
-            f"strategy=hosts: 1 replica of {len(self.groups[0])} stage(s) over "
-            f"{len({hosts.Task(d) for d in self.groups[0]})} of the "
-            f"{len(self.cluster.workers)} worker(s); this process is the chief "
-            f"{self.cluster.chief}\n" + hosts.DescribeStages(self.groups, self.cluster)
+        used = {hosts.Task(d) for group in self.groups for d in group}
+        text = (
+            f"strategy=hosts: {len(self.groups)} replica(s) of {len(self.groups[0])} stage(s) "
+            f"over {len(used)} of the {len(self.cluster.workers)} worker(s); this process is "
+            f"the chief {self.cluster.chief}"
         )
+        if len(self.groups) > 1:
+            text += "; gradients are averaged on replica 0's stage devices"
+        if self.idle_groups:
+            text += (
+                f"; {self.idle_groups} more group(s) of {len(self.groups[0])} devices stay "
+                f"idle: this client offers {len(self.groups)} CPU device(s), one per replica "
+                f"(--logical_devices={len(self.groups) + self.idle_groups} runs them all)"
+            )
+        return text + "\n" + hosts.DescribeStages(self.groups, self.cluster)
 
 
 LAYOUTS = {

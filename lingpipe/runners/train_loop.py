@@ -155,6 +155,43 @@ def ReduceGradients(grads: list[tf.Tensor | None]) -> list[tf.Tensor | None]:
     return out
 
 
+def ReduceOnGradientDevices(grads: list[tf.Tensor | None]) -> list[tf.Tensor | None]:
+    """In a replica: the mean of each gradient over the replicas, as ReduceGradients,
+    computed where replica 0's copy of the gradient lives and copied to where each
+    replica's copy lives.
+
+    For pipelines whose stages live on other hosts (strategies.HostsLayout): the
+    strategy's replica devices are the client's, so its own all-reduce would send
+    every gradient to the client and back. Here stage k's gradients travel only
+    between the devices of the replicas' stage k.
+    """
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1:
+        return grads
+    present = [i for i, g in enumerate(grads) if g is not None]
+
+    def Mean(strategy: tf.distribute.Strategy, *per_replica) -> list:
+        means = []  # means[i][r]: the mean of gradient i on replica r's device of it
+        for value in per_replica:
+            copies = strategy.experimental_local_results(value)
+            with tf.device(copies[0].device):
+                total = tf.add_n(list(copies)) / len(copies)
+            placed = []
+            for copy in copies:
+                with tf.device(copy.device):
+                    placed.append(tf.identity(total))
+            means.append(placed)
+        return strategy.experimental_distribute_values_from_function(
+            lambda value_ctx: [m[value_ctx.replica_id_in_sync_group] for m in means]
+        )
+
+    reduced = ctx.merge_call(Mean, args=tuple(tf.convert_to_tensor(grads[i]) for i in present))
+    out = list(grads)
+    for i, g in zip(present, reduced):
+        out[i] = g
+    return out
+
+
 def LocalReplicas(strategy: tf.distribute.Strategy) -> int:
     """How many replicas of `strategy` run in this process."""
     try:
@@ -216,6 +253,7 @@ def MakeTrainStep(
     strategy: tf.distribute.Strategy,
     apply_in_replica: bool = False,
     replica_context: Callable[[], Any] | None = None,
+    reduce_gradients: Callable[[list], list] = ReduceGradients,
 ) -> Callable:
     """Returns step(iterator, step, stop) -> StepResult: one synchronous training step.
 
@@ -226,6 +264,8 @@ def MakeTrainStep(
     on TPU) the task applies them inside the replica instead.
     `replica_context()`, if given, is entered around each replica's forward and
     backward (the TPU's logical-core placement).
+    `reduce_gradients` averages the gradients over the replicas, in a replica
+    (ReduceGradients: the strategy's all-reduce; ReduceOnGradientDevices).
     `stop` (a bool tensor) says whether this process was asked to stop; the result's
     `stop` says whether any worker was.
     """
@@ -238,7 +278,7 @@ def MakeTrainStep(
         task = ReplicaTask(tasks, strategy)
         with replica_context() if replica_context else contextlib.nullcontext():
             metrics, grads = task.ComputeGradients(batch, step)
-        metrics, grads = ReduceMetrics(metrics), ReduceGradients(grads)
+        metrics, grads = ReduceMetrics(metrics), reduce_gradients(grads)
         finite, stop = _AllFinite(grads), _AgreeToStop(stop, strategy)
         if apply_in_replica:
             metrics.update(task.ApplyGradients(grads, step))
@@ -348,6 +388,7 @@ class Trainer:
         the other workers of a multi-worker run only read the chief's checkpoints.
       apply_in_replica, replica_context: see MakeTrainStep (TPU: one task whose
         variables the strategy distributes, stages annotated with logical cores).
+      reduce_gradients: see MakeTrainStep (stages on other hosts: on their devices).
       profile: steps to record with TensorFlow's profiler (chief only), or None.
       params_text: the run's params as text, written once at the start of Train as
         the text summary `params` in logdir/train (chief only), or None.
@@ -366,6 +407,7 @@ class Trainer:
         is_chief: bool = True,
         apply_in_replica: bool = False,
         replica_context: Callable[[], Any] | None = None,
+        reduce_gradients: Callable[[list], list] = ReduceGradients,
         profile: ProfileSteps | None = None,
         params_text: str | None = None,
     ) -> None:
@@ -392,7 +434,9 @@ class Trainer:
             task=self._task,
             global_step=self._global_step,
         )
-        self._step_fn = MakeTrainStep(self._tasks, strategy, apply_in_replica, replica_context)
+        self._step_fn = MakeTrainStep(
+            self._tasks, strategy, apply_in_replica, replica_context, reduce_gradients
+        )
         self._max_steps = self._task.params.train.max_steps
         self._saved_step: int | None = None  # the newest checkpoint's step
         self._evaluated_step: int | None = None

@@ -165,6 +165,16 @@ def test_report_counts_the_bytes_that_cross_each_host_boundary_per_step():
     assert "to next host" not in str(one_host) and "hosts:" not in str(one_host)
 
 
+def test_gradient_traffic_counts_each_weight_whose_replica_copy_is_on_another_host():
+    w = "/job:worker/replica:0/task:{}/device:CPU:{}"
+    replica_0 = [(w.format(0, 0), 400), (w.format(0, 1), 100), (w.format(1, 0), 10)]
+    replica_1 = [(w.format(1, 1), 400), (w.format(2, 0), 100), (w.format(1, 1), 10)]
+    # Weight 2 of both copies lives on worker 1: averaged there without crossing hosts.
+    assert hosts.GradientTraffic([replica_0, replica_1]) == 2 * (400 + 100)
+    assert hosts.GradientTraffic([replica_0, replica_0, replica_1]) == 2 * (400 + 100)
+    assert hosts.GradientTraffic([replica_0]) == 0
+
+
 # ---- Worker processes on loopback ---------------------------------------------
 
 
@@ -188,29 +198,45 @@ def test_pipeline_over_workers_equals_one_host_under_gpipe_and_1f1b(three_worker
         assert r["ops_misplaced"] == [], (case, r["ops_misplaced"][:5])
 
 
-@pytest.mark.slow
-def test_trainer_over_two_workers_trains_as_one_host_and_restores_into_it(three_workers, tmp_path):
-    spec, _, _ = three_workers
-    two = dict(spec, worker=spec["worker"][:2])
-    hosts_dir, one_dir, other_dir = (str(tmp_path / n) for n in ("hosts", "one", "other"))
-    common = ["--num_stages=4", "--max_steps=40", "--log_interval_steps=1"]
-    code = _Chief(two, *common, f"--logdir={hosts_dir}", logdir=str(tmp_path), tag="hosts")
-    log = _Read(str(tmp_path), "hosts")
-    assert code == 0, log[-3000:]
-    assert f"stage 1 on worker 0 ({two['worker'][0]}) /device:CPU:1" in log
-    assert f"stage 2 on worker 1 ({two['worker'][1]}) /device:CPU:0" in log
-    assert re.search(r"2 hosts: [\d.]+ KiB cross between hosts per step", log)
+STEPS = ["--max_steps=40", "--log_interval_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def one_host_losses(tmp_path_factory):
+    """{step: loss} of 40 steps of one 4-stage pipeline on this host."""
+    logdir = str(tmp_path_factory.mktemp("one_host"))
     one = subprocess.run(
-        _Command(LM, *common, f"--logdir={one_dir}", "--mode=train"),
+        _Command(LM, "--num_stages=4", *STEPS, f"--logdir={logdir}", "--mode=train"),
         capture_output=True,
         text=True,
         timeout=DEADLINE_S,
         env=_Env(),
     )
     assert one.returncode == 0, one.stderr[-3000:]
-    got, want = _Losses(log), _Losses(one.stderr)
+    return _Losses(one.stderr)
+
+
+def _AssertSameCurve(got, want):
     assert sorted(got) == list(range(1, 41)) and sorted(want) == sorted(got)
     assert [got[s] for s in sorted(got)] == pytest.approx([want[s] for s in sorted(got)], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_trainer_over_two_workers_trains_as_one_host_and_restores_into_it(
+    three_workers, one_host_losses, tmp_path
+):
+    spec, _, _ = three_workers
+    two = dict(spec, worker=spec["worker"][:2])
+    hosts_dir, other_dir = str(tmp_path / "hosts"), str(tmp_path / "other")
+    flags = ["--num_stages=4", *STEPS, f"--logdir={hosts_dir}"]
+    code = _Chief(two, *flags, logdir=str(tmp_path), tag="hosts")
+    log = _Read(str(tmp_path), "hosts")
+    assert code == 0, log[-3000:]
+    assert "strategy=hosts: 1 replica(s) of 4 stage(s) over 2 of the 2 worker(s)" in log
+    assert f"stage 1 on worker 0 ({two['worker'][0]}) /device:CPU:1" in log
+    assert f"stage 2 on worker 1 ({two['worker'][1]}) /device:CPU:0" in log
+    assert re.search(r"2 hosts: [\d.]+ KiB cross between hosts per step", log)
+    _AssertSameCurve(_Losses(log), one_host_losses)
     # The checkpoint (written by the client) restores into a one-host layout of 2 stages.
     shutil.copytree(hosts_dir, other_dir)
     evaluated = subprocess.run(
@@ -224,6 +250,45 @@ def test_trainer_over_two_workers_trains_as_one_host_and_restores_into_it(three_
     dev = [json.load(open(os.path.join(d, "eval_dev.json"))) for d in (hosts_dir, other_dir)]
     assert dev[1]["step"] == dev[0]["step"] == 40
     assert dev[1]["metrics"]["loss"] == pytest.approx(dev[0]["metrics"]["loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_replicas_of_pipelines_across_three_workers_train_as_one_pipeline(
+    three_workers, one_host_losses, tmp_path
+):
+    # Six devices over three workers in groups of 3: replica 0 on worker 0 and 1,
+    # replica 1 on worker 1 and 2; the global batch split in two, gradients averaged.
+    spec, _, _ = three_workers
+    flags = ["--num_stages=3", *STEPS, f"--logdir={tmp_path / 'run'}"]
+    code = _Chief(spec, *flags, logdir=str(tmp_path), tag="replicas")
+    log = _Read(str(tmp_path), "replicas")
+    assert code == 0, log[-3000:]
+    w = spec["worker"]
+    assert "strategy=hosts: 2 replica(s) of 3 stage(s) over 3 of the 3 worker(s)" in log
+    assert "gradients are averaged on replica 0's stage devices" in log
+    assert f"replica 0: stage 2 on worker 1 ({w[1]}) /device:CPU:0" in log
+    assert f"replica 1: stage 0 on worker 1 ({w[1]}) /device:CPU:1" in log
+    assert f"replica 1: stage 2 on worker 2 ({w[2]}) /device:CPU:1" in log
+    assert "global batch 32 = 2 replica(s) x 16" in log
+    traffic = r"2 replicas: averaging their gradients .* moves [\d.]+ KiB between hosts"
+    assert re.search(traffic, log)
+    _AssertSameCurve(_Losses(log), one_host_losses)
+
+
+def test_groups_beyond_the_clients_devices_are_named_idle_with_the_fix():
+    import tensorflow as tf
+
+    from lingpipe.runners import strategies
+
+    w = "/job:worker/replica:0/task:{}/device:CPU:{}"
+    cluster_spec = hosts.Cluster("127.0.0.1:1", ("127.0.0.1:2", "127.0.0.1:3"))
+    groups = [[w.format(0, 0), w.format(0, 1)]]
+    layout = strategies.HostsLayout(tf.distribute.get_strategy(), groups, cluster_spec, 1)
+    text = layout.Describe()
+    assert text.startswith("strategy=hosts: 1 replica(s) of 2 stage(s) over 1 of the 2 worker(s)")
+    assert "1 more group(s) of 2 devices stay idle" in text
+    assert "(--logical_devices=2 runs them all)" in text
+    assert "replica 0: stage 1 on worker 0 (127.0.0.1:2) /device:CPU:1" in text
 
 
 @pytest.mark.slow

@@ -25,14 +25,26 @@ def _Params(num_stages, num_micro_batches):
     return p
 
 
-def _Train(tmp_path, num_stages, num_replicas, num_micro_batches, steps=1):
-    """Trains `steps` steps; returns (initial weights, task copies)."""
+def _Train(
+    tmp_path,
+    num_stages,
+    num_replicas,
+    num_micro_batches,
+    steps=1,
+    replica_devices=None,
+    reduce_gradients=train_loop.ReduceGradients,
+):
+    """Trains `steps` steps; returns (initial weights, task copies).
+
+    The strategy's replicas run on `replica_devices` (default: each group's first).
+    """
     groups = cluster.ReplicaDeviceGroups(num_stages, num_replicas)
     if num_replicas > 1:
         # Not the default collective all-reduce: its group keys clash between several
         # MirroredStrategy objects in one process (the trainer makes one per process).
         strategy = tf.distribute.MirroredStrategy(
-            [g[0] for g in groups], cross_device_ops=tf.distribute.ReductionToOneDevice()
+            replica_devices or [g[0] for g in groups],
+            cross_device_ops=tf.distribute.ReductionToOneDevice(),
         )
     else:
         strategy = tf.distribute.get_strategy()
@@ -50,6 +62,7 @@ def _Train(tmp_path, num_stages, num_replicas, num_micro_batches, steps=1):
         tasks[0].CreateInputGenerator(),
         str(tmp_path / f"r{num_replicas}k{num_stages}"),
         train_loop.Intervals(log_steps=0, summary_steps=0, checkpoint_steps=0),
+        reduce_gradients=reduce_gradients,
     )
     trainer.Train()
     return initial, tasks
@@ -97,6 +110,55 @@ def test_replicas_of_pipelines_train_as_one_pipeline_and_the_plain_model(
             np.testing.assert_array_equal(v.numpy(), w.numpy())
         devices = {cluster.CanonicalDevice(v.device) for v in task.trainable_variables}
         assert devices == set(groups[r])
+
+
+def test_replicas_whose_stages_are_not_on_the_strategys_devices_average_on_the_stages(
+    tmp_path, reference
+):
+    # The hosts layout's arrangement: the strategy's replicas run on the client's
+    # devices (here CPU:6 and CPU:7) and each replica's stages on other devices (on
+    # workers; here CPU:0-2 and CPU:3-5); gradients are averaged on the stages' devices.
+    initial, one_pipeline, _ = reference
+    start, tasks = _Train(
+        tmp_path,
+        num_stages=3,
+        num_replicas=2,
+        num_micro_batches=2,
+        replica_devices=["/device:CPU:6", "/device:CPU:7"],
+        reduce_gradients=train_loop.ReduceOnGradientDevices,
+    )
+    _AssertSameUpdate(_Deltas(initial, tasks[0]), one_pipeline)
+    for v, w in zip(tasks[1].trainable_variables, tasks[0].trainable_variables):
+        np.testing.assert_array_equal(v.numpy(), w.numpy())
+
+
+def test_gradients_are_averaged_where_replica_0s_copy_lives_and_copied_to_each_replicas():
+    strategy = tf.distribute.MirroredStrategy(
+        ["/device:CPU:6", "/device:CPU:7"], cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
+    # Replica r's gradient i lives on CPU:(2r + i), as stage i of replica r would.
+
+    def Replica():
+        r = tf.distribute.get_replica_context().replica_id_in_sync_group
+        grads = []
+        for i in range(2):
+            with tf.device(f"/device:CPU:{2 * tf.get_static_value(r) + i}"):
+                grads.append(tf.fill([3], tf.cast(r, tf.float32) * 10.0 + i))
+        return train_loop.ReduceOnGradientDevices(grads + [None])
+
+    step = tf.function(lambda: strategy.run(Replica), autograph=False)
+    out = step()
+    assert out[2] is None
+    for i in range(2):
+        for got in strategy.experimental_local_results(out[i]):
+            np.testing.assert_allclose(got.numpy(), [5.0 + i] * 3)  # mean of i and 10 + i
+    devices = {}
+    for op in step.get_concrete_function().graph.get_operations():
+        if op.type in ("AddN", "RealDiv", "Identity") and op.device:
+            index = tf.DeviceSpec.from_string(op.device).device_index
+            devices.setdefault(op.type, set()).add(index)
+    assert devices["AddN"] == devices["RealDiv"] == {0, 1}  # replica 0's gradient devices
+    assert {0, 1, 2, 3} <= devices["Identity"] and not devices["Identity"] & {6, 7}
 
 
 def test_the_replicas_read_disjoint_shards_of_the_global_batch():
