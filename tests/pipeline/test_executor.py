@@ -2,6 +2,7 @@
 schedule's order (read from the traced graph), on each stage's device, concurrent."""
 
 import collections
+import itertools
 import re
 import threading
 
@@ -36,16 +37,33 @@ TRACED = [
 ]
 
 
-# A transformer stack (4 layers, so K * v <= 4) over every (K, M) pair, the schedule
-# and the remat policy rotating (each schedule meets each K); interleaved with v=2
-# where M allows it.
+# A transformer stack (4 layers, so K * v <= 4) over every pair of values of any two
+# of K, M, schedule and remat, in 16 cases: K and M index the rows and columns of two
+# orthogonal Latin squares over GF(4) (a + b and a + 2b), which pick the schedule and
+# the remat policy (its fourth level is 'always' again). Interleaved runs v=2 where M
+# allows it.
+_GF4_TIMES_2 = (0, 2, 3, 1)
 TRANSFORMER = [
     (name, k, m, 2 if name == "interleaved_1f1b" and k <= 2 and m % k == 0 else 1,
-     REMATS[(k + i) % 3])
-    for k in (1, 2, 3, 4)
-    for i, m in enumerate((1, 2, 4, 8))
-    for name in [schedule.SCHEDULES[(k + i) % len(schedule.SCHEDULES)]]
+     (*REMATS, "always")[a ^ _GF4_TIMES_2[b]])
+    for a, k in enumerate((1, 2, 3, 4))
+    for b, m in enumerate((1, 2, 4, 8))
+    for name in [schedule.SCHEDULES[a ^ b]]
 ]  # fmt: skip
+
+
+def test_the_transformer_cases_cover_every_pair_of_values():
+    # factor: (its position in a case, its values)
+    factors = {
+        "schedule": (0, schedule.SCHEDULES),
+        "K": (1, (1, 2, 3, 4)),
+        "M": (2, (1, 2, 4, 8)),
+        "remat": (4, REMATS),
+    }
+    for x, y in itertools.combinations(factors, 2):
+        (i, xs), (j, ys) = factors[x], factors[y]
+        seen = {(case[i], case[j]) for case in TRANSFORMER}
+        assert seen == set(itertools.product(xs, ys)), (x, y)
 
 
 def Loss(outputs, unused_loss_inputs=None):
