@@ -281,7 +281,9 @@ def _ResetMemoryPeaks(pipelines: list) -> None:
 
 def _LocalDevices(pipeline) -> bool:
     """Whether the pipeline's stages are all in this process (their memory is readable)."""
-    return not any("/job:" in d for d in pipeline.devices)
+    from lingpipe import cluster
+
+    return all(cluster.HostOf(d) == "local" for d in pipeline.devices)
 
 
 def _WriteTimeline(task, pipelines: list, logdir: str, steps: list[int]) -> None:

@@ -391,22 +391,24 @@ def MeasuredPeaks(devices: Sequence[str]) -> dict[str, int]:
     """The peak bytes TensorFlow's allocator saw since the last reset, per device:
     {device: bytes} on accelerators; on CPU, where one allocator serves every logical
     device, one entry {'all CPU devices (one allocator)': bytes}. Reset with
-    tf.config.experimental.reset_memory_stats before the step to measure."""
-    names = [tf.DeviceSpec.from_string(d) for d in devices]
-    if all((n.device_type or "CPU").upper() == "CPU" for n in names):
-        return {"all CPU devices (one allocator)": _Peak("CPU:0")}
-    return {d: _Peak(f"{n.device_type}:{n.device_index or 0}") for d, n in zip(devices, names)}
+    ResetPeaks(devices) before the step to measure."""
+    return {key: _Peak(allocator) for key, allocator in _Allocators(devices).items()}
 
 
 def ResetPeaks(devices: Sequence[str]) -> None:
     """Starts MeasuredPeaks(devices) afresh: resets the allocator's peak on each device
     (on CPU, the one allocator of every logical device)."""
-    names = {tf.DeviceSpec.from_string(d) for d in devices}
-    kinds = {f"{n.device_type or 'CPU'}:{n.device_index or 0}" for n in names}
-    if all(k.upper().startswith("CPU") for k in kinds):
-        kinds = {"CPU:0"}
-    for k in sorted(kinds):
-        tf.config.experimental.reset_memory_stats(k)
+    for allocator in sorted(set(_Allocators(devices).values())):
+        tf.config.experimental.reset_memory_stats(allocator)
+
+
+def _Allocators(devices: Sequence[str]) -> dict[str, str]:
+    """{what MeasuredPeaks reports: the allocator's device, 'GPU:1'}: each device on
+    accelerators; on CPU one entry for the one allocator of every logical device."""
+    names = [tf.DeviceSpec.from_string(d) for d in devices]
+    if all((n.device_type or "CPU").upper() == "CPU" for n in names):
+        return {"all CPU devices (one allocator)": "CPU:0"}
+    return {d: f"{n.device_type}:{n.device_index or 0}" for d, n in zip(devices, names)}
 
 
 def _Peak(device: str) -> int:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from lingpipe.pipeline import report
+from lingpipe import cluster as cluster_lib
 from lingpipe.runners import checkpointer, train_loop
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -152,8 +152,6 @@ def Connect(cluster: Cluster, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[int,
     """
     import tensorflow as tf
 
-    from lingpipe import cluster as cluster_lib
-
     deadline = time.monotonic() + timeout_s
     ProbeWorkers(cluster, timeout_s)
 
@@ -237,7 +235,7 @@ def GradientTraffic(copies: Sequence[Sequence[tuple[str, int]]]) -> int:
     total = 0
     for copy in copies[1:]:
         for (device, size), (home, _) in zip(copy, copies[0]):
-            if report.Host(device) != report.Host(home):
+            if cluster_lib.HostOf(device) != cluster_lib.HostOf(home):
                 total += 2 * size
     return total
 

@@ -28,6 +28,7 @@ a mirrored variable's copies do.
 
 from __future__ import annotations
 
+import abc
 import os
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +39,7 @@ from lingpipe import cluster
 from lingpipe.runners import startup
 
 
-class Layout:
+class Layout(abc.ABC):
     """A strategy and the stage devices of this host's replicas: the base of the layouts.
 
     A layout builds what differs between strategies: the task copies, their
@@ -66,13 +67,13 @@ class Layout:
         self.worker_index = worker_index
 
     @classmethod
+    @abc.abstractmethod
     def Build(cls, num_stages: int, tpu: str | None, collective_timeout_s: float | None) -> Layout:
         """The layout of `num_stages`-stage replicas over this host's devices.
 
         Raises:
           startup.UsageError: too few devices, no TF_CONFIG, no TPU.
         """
-        raise NotImplementedError(f"{cls.__name__} must define Build")
 
     @property
     def is_chief(self) -> bool:

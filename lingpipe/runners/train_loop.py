@@ -145,12 +145,14 @@ def ReduceGradients(grads: list[tf.Tensor | None]) -> list[tf.Tensor | None]:
     ctx = tf.distribute.get_replica_context()
     if ctx is None or ctx.num_replicas_in_sync == 1:
         return grads
+    return _OverPresent(grads, lambda present: ctx.all_reduce(tf.distribute.ReduceOp.MEAN, present))
+
+
+def _OverPresent(grads: list, reduce: Callable[[list], list]) -> list:
+    """`grads` with the gradients that are not None replaced by reduce(those, as tensors)."""
     present = [i for i, g in enumerate(grads) if g is not None]
-    reduced = ctx.all_reduce(
-        tf.distribute.ReduceOp.MEAN, [tf.convert_to_tensor(grads[i]) for i in present]
-    )
     out = list(grads)
-    for i, g in zip(present, reduced):
+    for i, g in zip(present, reduce([tf.convert_to_tensor(grads[i]) for i in present])):
         out[i] = g
     return out
 
@@ -168,7 +170,6 @@ def ReduceOnGradientDevices(grads: list[tf.Tensor | None]) -> list[tf.Tensor | N
     ctx = tf.distribute.get_replica_context()
     if ctx is None or ctx.num_replicas_in_sync == 1:
         return grads
-    present = [i for i, g in enumerate(grads) if g is not None]
 
     def Mean(strategy: tf.distribute.Strategy, *per_replica) -> list:
         means = []  # means[i][r]: the mean of gradient i on replica r's device of it
@@ -185,11 +186,7 @@ def ReduceOnGradientDevices(grads: list[tf.Tensor | None]) -> list[tf.Tensor | N
             lambda value_ctx: [m[value_ctx.replica_id_in_sync_group] for m in means]
         )
 
-    reduced = ctx.merge_call(Mean, args=tuple(tf.convert_to_tensor(grads[i]) for i in present))
-    out = list(grads)
-    for i, g in zip(present, reduced):
-        out[i] = g
-    return out
+    return _OverPresent(grads, lambda present: ctx.merge_call(Mean, args=tuple(present)))
 
 
 def LocalReplicas(strategy: tf.distribute.Strategy) -> int:

@@ -309,7 +309,8 @@ def test_a_killed_worker_stops_the_run_naming_it_and_a_restart_resumes(tmp_path)
         )
         try:
             end = time.monotonic() + DEADLINE_S
-            while not os.path.exists(os.path.join(ckpt_dir, "ckpt-10.index")):
+            # ckpt-10 is saved once the state file names it (its .index comes earlier).
+            while not _CheckpointStep(ckpt_dir) >= 10:
                 assert chief.poll() is None, _Read(str(tmp_path), "chief")[-3000:]
                 assert time.monotonic() < end, "no checkpoint appeared in time"
                 time.sleep(0.05)
@@ -342,6 +343,16 @@ def test_a_killed_worker_stops_the_run_naming_it_and_a_restart_resumes(tmp_path)
     assert code == 0, log[-3000:]
     assert f"Resumed from {latest} at step {resumed_at}" in log
     assert _LatestCheckpoint(ckpt_dir).endswith(f"ckpt-{resumed_at + 5}")
+
+
+def _CheckpointStep(ckpt_dir):
+    """The step of the checkpoint the state file names; 0 before there is one."""
+    try:
+        text = open(os.path.join(ckpt_dir, "checkpoint")).read()
+    except OSError:
+        return 0
+    match = re.search(r'^model_checkpoint_path: ".*ckpt-(\d+)"', text, re.M)
+    return int(match.group(1)) if match else 0
 
 
 def _LatestCheckpoint(ckpt_dir):
