@@ -231,7 +231,8 @@ def main() -> None:
     if args.rows == "schedules":
         rows = Schedules(args.models.split(","))
         columns = ["model", "schedule", "stages", "micro_batches", "remat", "peak_mib"]
-        print(common.Table(rows, columns + ["estimate_mib", "est/peak", "sim_alive"]))
+        columns += ["estimate_mib", "est/peak", "est_device_mib", "sim_alive"]
+        print(common.Table(rows, columns))
         checks = Checks(rows)
         print("\n".join(checks))
         out = args.out or os.path.join(results, "memory_schedules.json")
