@@ -15,9 +15,11 @@ lock is stale, and is taken over with a warning, when its holder is gone: on thi
 host, when its pid no longer runs; from another host (a shared or cloud logdir,
 where a pid cannot be checked), when it has not been confirmed for `stale_after_s`.
 `tf.io.gfile` has no exclusive create: on the local file system the lock is created
-with a hard link, which fails if it exists, so two runs started at once cannot both
-take it; elsewhere it is renamed into place and read back, which narrows but does
-not close that window.
+with a hard link, which fails if it exists, and the whole of taking it (reading a
+stale holder, removing it, creating the new lock) runs under an advisory `flock` of
+the logdir itself, so two runs started at once, even on a dead run's lock, never
+both take it; elsewhere it is renamed into place and read back, which narrows but
+does not close that window.
 
 The run state (`run_state.json`) says how the run last ended, so that a rerun of
 the same command completes what is missing (the final evaluation) and otherwise
@@ -28,8 +30,10 @@ says there is nothing to do:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import fcntl
 import json
 import os
 import socket
@@ -194,6 +198,21 @@ def _CreateExclusively(path: str, text: str) -> bool:
     return _ReadJson(path) == json.loads(text)
 
 
+@contextlib.contextmanager
+def _Serialized(logdir: str):
+    """While entered, no other process of this host is inside _Serialized(logdir): an
+    exclusive flock of the directory (local paths only; nothing elsewhere)."""
+    if not _IsLocal(logdir):
+        yield
+        return
+    fd = os.open(logdir.removeprefix("file://"), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # Releases the flock.
+
+
 class LogdirLock:
     """The logdir's lock, held from Acquire() (or `with`) to Release() (see the module doc).
 
@@ -256,6 +275,12 @@ class LogdirLock:
         except (tf.errors.OpError, OSError) as e:
             raise LogdirWriteError(f"cannot create {self._logdir}: {_Reason(e)}") from None
         mine = self._Holder()
+        with _Serialized(self._logdir):
+            self._TakeOrTakeOver(mine)
+
+    def _TakeOrTakeOver(self, mine: dict) -> None:
+        """Acquire's work, serialized with other processes' (two that both saw a dead
+        holder would otherwise each remove the other's fresh lock and both win)."""
         for _ in range(3):
             if _CreateExclusively(self._path, json.dumps(mine, sort_keys=True)):
                 self._holder = mine
