@@ -20,13 +20,22 @@ chief) rebuilds it from the `ckpt-N.index` files with a warning, and a reader us
 that list without writing. The writer also removes the `ckpt-N_temp*` leftovers of a
 run killed while saving. A checkpoint that cannot be written (full disk, no
 permission) raises `CheckpointError` naming the path and the reason.
+
+A logdir's name may hold `[`, `]`, `*` or `?` (`runs/lr[0.1]`): TensorFlow's
+checkpoint readers take a path as a glob, so the files are listed here, never
+globbed, and a checkpoint under such a directory is read through a symlink whose
+path has none of them (`ReadablePath`; local paths; `startup.CheckLogdir` refuses
+such names for other file systems).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging as py_logging
 import os
 import re
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -34,6 +43,9 @@ from absl import logging
 
 STATE_FILE = "checkpoint"
 _INDEX = re.compile(r"ckpt-(\d+)\.index$")
+_TEMP = re.compile(r"ckpt-\d+_temp")
+# Characters that TensorFlow's GetMatchingPaths reads as a pattern.
+GLOB_CHARS = re.compile(r"[][*?\\]")
 
 
 class CheckpointError(RuntimeError):
@@ -54,14 +66,39 @@ def _Step(path: str) -> int:
     return int(path.rsplit("-", 1)[1])
 
 
+def _ListDir(directory: str) -> list[str]:
+    """The names in `directory` ([] if it does not exist): listed, never globbed."""
+    if not tf.io.gfile.isdir(directory):
+        return []
+    return [name.rstrip("/") for name in tf.io.gfile.listdir(directory)]
+
+
 def FindCheckpoints(directory: str) -> list[str]:
     """Paths of the checkpoints whose `ckpt-N.index` file is in `directory`, by step."""
     found = []
-    for path in tf.io.gfile.glob(os.path.join(directory, "ckpt-*.index")):
-        match = _INDEX.search(os.path.basename(path))
+    for name in _ListDir(directory):
+        match = _INDEX.fullmatch(name)
         if match:
             found.append(os.path.join(directory, f"ckpt-{match.group(1)}"))
     return sorted(found, key=_Step)
+
+
+@contextlib.contextmanager
+def ReadablePath(path: str) -> Iterator[str]:
+    """`path` (a checkpoint's prefix) as TensorFlow's readers can take it, while entered.
+
+    They read the path as a glob, so one whose directory's name holds `[`, `]`, `*` or
+    `?` matches nothing; it is read through a symlink to its directory from a
+    temporary directory instead (local paths; others are returned as they are).
+    """
+    directory, name = os.path.split(path)
+    if not GLOB_CHARS.search(directory) or "://" in directory:
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="lingpipe-ckpt-") as tmp:
+        alias = os.path.join(tmp, "checkpoints")
+        os.symlink(os.path.abspath(directory), alias)
+        yield os.path.join(alias, name)
 
 
 def _ListedCheckpoints(directory: str) -> tuple[list[str] | None, str]:
@@ -108,7 +145,10 @@ class Checkpointer:
 
     def _RemoveTempLeftovers(self) -> None:
         """Removes the `ckpt-N_temp*` files of a save that was killed halfway."""
-        for path in tf.io.gfile.glob(os.path.join(self._directory, "ckpt-*_temp*")):
+        for name in _ListDir(self._directory):
+            if not _TEMP.match(name):
+                continue
+            path = os.path.join(self._directory, name)
             logging.info("Removing %s, left by a run killed while saving a checkpoint", path)
             if tf.io.gfile.isdir(path):
                 tf.io.gfile.rmtree(path)
@@ -174,7 +214,8 @@ class Checkpointer:
         failures = []
         for path in candidates:
             try:
-                self._checkpoint.restore(path).assert_existing_objects_matched()
+                with ReadablePath(path) as readable:
+                    self._checkpoint.restore(readable).assert_existing_objects_matched()
             except Exception as e:  # noqa: BLE001 (any unreadable checkpoint means: try the next)
                 reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 failures.append((path, reason))
@@ -203,6 +244,17 @@ class Checkpointer:
             )
         return None
 
+    def _RemoveDropped(self) -> None:
+        """Removes the files of checkpoints the manager no longer keeps, where it could not:
+        it finds them by glob, which matches nothing in a directory named like a glob."""
+        if not GLOB_CHARS.search(self._directory):
+            return
+        kept = {os.path.basename(p) for p in self._manager.checkpoints}
+        for name in _ListDir(self._directory):
+            match = re.match(r"(ckpt-\d+)\.(index|data-)", name)
+            if match and match.group(1) not in kept:
+                tf.io.gfile.remove(os.path.join(self._directory, name))
+
     def Save(self, step: int) -> str:
         """Writes checkpoint ckpt-<step>; returns its path.
 
@@ -212,7 +264,9 @@ class Checkpointer:
         if not self._writable:
             raise ValueError(f"Checkpointer({self._directory}): Save on a read-only checkpointer")
         try:
-            return self._manager.save(checkpoint_number=step)
+            path = self._manager.save(checkpoint_number=step)
+            self._RemoveDropped()
+            return path
         except (tf.errors.OpError, OSError) as e:
             reason = getattr(e, "message", None) or getattr(e, "strerror", None) or str(e)
             raise CheckpointError(
@@ -238,5 +292,6 @@ def RestoreLatest(directory: str, tasks: list) -> int | None:
 
 def ReadTasks(path: str, tasks: list) -> None:
     """Reads the task of checkpoint `path` into each of `tasks` (copies of one task)."""
-    for task in tasks:
-        tf.train.Checkpoint(task=task).read(path).expect_partial()
+    with ReadablePath(path) as readable:
+        for task in tasks:
+            tf.train.Checkpoint(task=task).read(readable).expect_partial()

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from lingpipe import hyperparams
 from lingpipe.nested_map import NestedMap
-from lingpipe.runners import startup, strategies
+from lingpipe.runners import checkpointer, startup, strategies
 
 CHECKPOINT_SUBDIR = "checkpoints"
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -162,7 +162,8 @@ def CheckpointVariables(path: str) -> dict[str, list[int]] | None:
     """{key: shape} of the task's variables (not the optimizer's) in checkpoint `path`;
     None if it cannot be read (the checkpointer then falls back or says why)."""
     try:
-        shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+        with checkpointer.ReadablePath(path) as readable:
+            shapes = tf.train.load_checkpoint(readable).get_variable_to_shape_map()
     except (tf.errors.OpError, ValueError):
         return None
     return {
@@ -182,7 +183,9 @@ def _Candidates(checkpoint_dir: str) -> list[str]:
     state = tf.train.get_checkpoint_state(checkpoint_dir)
     if state is not None and state.all_model_checkpoint_paths:
         return list(reversed(state.all_model_checkpoint_paths))
-    paths = [p[: -len(".index")] for p in tf.io.gfile.glob(f"{checkpoint_dir}/*.index")]
+    # Listed, not globbed: the directory's name may hold glob characters.
+    names = [n for n in tf.io.gfile.listdir(checkpoint_dir) if n.endswith(".index")]
+    paths = [f"{checkpoint_dir}/{n[: -len('.index')]}" for n in names]
     number = lambda p: int(m.group(1)) if (m := re.search(r"-(\d+)$", p)) else -1  # noqa: E731
     return sorted(paths, key=number, reverse=True)
 

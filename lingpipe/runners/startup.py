@@ -150,16 +150,17 @@ def ResolveParams(key: str, overrides: Overrides) -> ResolvedParams:
     _SetShortcut(p, "num_micro_batches", overrides.num_micro_batches, "num_micro_batches")
     _SetShortcut(p, "num_virtual_stages", overrides.num_virtual_stages, "num_virtual_stages")
     if overrides.schedule is not None:
-        from lingpipe.pipeline import schedule
+        from lingpipe.pipeline import generators
 
-        if overrides.schedule not in schedule.SCHEDULES:
+        names = generators.SCHEDULES
+        if overrides.schedule not in names and not generators.IsCsvPath(overrides.schedule):
             import difflib
 
-            close = difflib.get_close_matches(overrides.schedule, schedule.SCHEDULES, n=1)
+            close = difflib.get_close_matches(overrides.schedule, names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise UsageError(
                 f"--schedule={overrides.schedule}: expected one of "
-                f"{', '.join(schedule.SCHEDULES)}{hint}"
+                f"{', '.join(names)} or the path of a CSV file{hint}"
             )
         if "schedule" not in p:
             raise UsageError(
@@ -204,6 +205,11 @@ def CheckLogdir(logdir: str) -> str:
             "--logdir: expected a directory for checkpoints and summaries, received ''"
         )
     if IsUrl(logdir):
+        if any(c in logdir for c in "[]*?"):
+            raise UsageError(
+                f"--logdir={logdir}: expected a URL without '[', ']', '*' or '?' (TensorFlow "
+                "reads checkpoint paths as globs; only a local logdir may hold them)"
+            )
         _CheckIsNoFile(logdir.rstrip("/"), logdir)
         return logdir.rstrip("/")
     path = os.path.abspath(os.path.expanduser(logdir))

@@ -5,10 +5,12 @@ when things go wrong")."""
 
 import json
 import multiprocessing
+import os
 import socket
 import subprocess
 import sys
 
+import pytest
 from test_trainer import _Env
 
 _TRIALS = 300  # the race hit 2 in 400 and 1 in 60 trials before the fix
@@ -67,3 +69,49 @@ def test_two_processes_never_both_take_over_a_stale_lock(tmp_path, monkeypatch):
         for p in procs:
             p.join(timeout=30)
     assert not both, f"both processes took the lock in {len(both)} of {_TRIALS} trials"
+
+
+def test_a_logdir_named_like_a_glob_resumes_recovers_and_evaluates(tmp_path):
+    from test_run_safety import _Trainer
+
+    from lingpipe.runners import checkpointer, preflight
+
+    logdir = str(tmp_path / "lr[0.1]*?")
+    trainer, _ = _Trainer(logdir, 4)
+    trainer.Train()
+    ckpt_dir = f"{logdir}/checkpoints"
+    assert checkpointer.FindCheckpoints(ckpt_dir) == [f"{ckpt_dir}/ckpt-2", f"{ckpt_dir}/ckpt-4"]
+    resumed, task = _Trainer(logdir, 6)
+    assert resumed.checkpointer.Restore() == f"{ckpt_dir}/ckpt-4"
+    assert resumed.global_step == 4
+    assert preflight.CheckCheckpoint(ckpt_dir, task, logdir) == f"{ckpt_dir}/ckpt-4"
+    assert checkpointer.RestoreLatest(ckpt_dir, [task]) == 4
+    # Without the state file the checkpoints are found from their files, not restarted.
+    os.remove(f"{ckpt_dir}/checkpoint")
+    again, _ = _Trainer(logdir, 6)
+    again.Train()
+    assert again.global_step == 6
+    assert checkpointer.FindCheckpoints(ckpt_dir)[-2:] == [
+        f"{ckpt_dir}/ckpt-4",
+        f"{ckpt_dir}/ckpt-6",
+    ]
+
+
+def test_a_glob_named_checkpoint_dir_keeps_only_max_to_keep_and_urls_are_refused(tmp_path):
+    import tensorflow as tf
+
+    from lingpipe.runners import checkpointer, startup
+
+    directory = str(tmp_path / "run[1]" / "checkpoints")
+    ckpt = checkpointer.Checkpointer(directory, max_to_keep=2, v=tf.Variable(1.0))
+    for step in (1, 2, 3):
+        ckpt.Save(step)
+    assert sorted(os.listdir(directory)) == [
+        "checkpoint",
+        "ckpt-2.data-00000-of-00001",
+        "ckpt-2.index",
+        "ckpt-3.data-00000-of-00001",
+        "ckpt-3.index",
+    ]
+    with pytest.raises(startup.UsageError, match=r"--logdir=ram://runs/lr\[0.1\]: expected a URL"):
+        startup.CheckLogdir("ram://runs/lr[0.1]")
