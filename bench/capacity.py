@@ -68,11 +68,11 @@ def Pipeline(cfg: dict, layers: int, stages: int, micro: int, remat: str, device
 
 def Estimate(cfg: dict, layers: int, stages: int, micro: int, remat: str, slots: float):
     """lingpipe.pipeline.memory's per-stage estimate, from params alone (nothing built)."""
-    from lingpipe.pipeline import memory, partition, schedule
+    from lingpipe.pipeline import generators, memory, partition
 
     p = Pipeline(cfg, layers, stages, micro, remat)
     bounds = partition.Boundaries(partition.MinMaxPartition([1.0] * layers, stages))
-    sched = schedule.Make("gpipe", stages, micro)
+    sched = generators.Make("gpipe", stages, micro)
     pairs = {(s, m) for s in range(stages) for m in range(micro)}
     kept = pairs if remat == "never" else set()
     cells = [list(range(a, b)) for a, b in bounds]

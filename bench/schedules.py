@@ -56,8 +56,7 @@ def Child(model: str, stages: int, micro: int, schedule: str, v: int, steps: int
     import tensorflow as tf
 
     from lingpipe.layers import gpipe, sequential
-    from lingpipe.pipeline import schedule as schedule_lib
-    from lingpipe.pipeline import simulate
+    from lingpipe.pipeline import generators, simulate
 
     cells = common.CellParams(model)
     if schedule == "plain":
@@ -70,7 +69,7 @@ def Child(model: str, stages: int, micro: int, schedule: str, v: int, steps: int
                  remat="always", schedule=schedule, num_virtual_stages=v)
             .Instantiate()
         )  # fmt: skip
-        bubble = simulate.Simulate(schedule_lib.Make(schedule, stages, micro, v)).bubble
+        bubble = simulate.Simulate(generators.Make(schedule, stages, micro, v)).bubble
     inputs = common.Inputs(model)
     step = _Step(layer, schedule)
     for _ in range(2):

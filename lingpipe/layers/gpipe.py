@@ -45,6 +45,7 @@ from lingpipe.nested_map import NestedMap
 from lingpipe.pipeline import (
     costs,
     executor,
+    generators,
     memory,
     micro_batch,
     partition,
@@ -233,7 +234,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         if p.micro_batch_size is not None and p.schedule == "interleaved_1f1b":
             micro = p.num_stages
         try:
-            schedule.Make(p.schedule, p.num_stages, micro, p.num_virtual_stages)
+            generators.Make(p.schedule, p.num_stages, micro, p.num_virtual_stages)
         except schedule.ScheduleError as e:
             raise ValueError(f"{self.path}: {e}") from None
 
@@ -435,7 +436,7 @@ class PipeliningLayer(base_layer.BaseLayer):
 
         state = list(micro_args)
         last_out: list[Any] = [None] * num_chunks
-        for tick in schedule.ForwardTicks(num_chunks, num_micro):
+        for tick in generators.ForwardTicks(num_chunks, num_micro):
             for k, m in tick:
                 recompute = p.remat == "always" or (p.remat == "except_last" and m < num_micro - 1)
                 idx = self._stage_cells[k]
@@ -465,7 +466,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         p = self.params
         micro = num_micro_batches or p.num_micro_batches
         try:
-            return schedule.Make(p.schedule, p.num_stages, micro, p.num_virtual_stages)
+            return generators.Make(p.schedule, p.num_stages, micro, p.num_virtual_stages)
         except schedule.ScheduleError as e:
             raise ValueError(f"{self.path}: {e}") from None
 

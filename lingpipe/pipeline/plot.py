@@ -2,7 +2,7 @@
 
 One row per device, one bar per action, coloured by kind (forward F, backward B,
 input gradient I, weight gradient W), with the micro-batch number written on it
-(`3.1`: micro-batch 3 on the device's chunk 1, when interleaved). Drawn with
+(`3.1`: micro-batch 3 on the device's second stage, when it runs several). Drawn with
 matplotlib's Agg backend (no display needed) and written through tf.io.gfile,
 so the path may be local, gs:// or ram://.
 
@@ -47,7 +47,7 @@ Bar = tuple[int, float, float, Action]
 def _Label(sched: Schedule, a: Action) -> str:
     if sched.num_virtual_stages == 1:
         return str(a.micro_batch)
-    return f"{a.micro_batch}.{a.stage // sched.num_devices}"
+    return f"{a.micro_batch}.{sched.ChunkOf(a.stage)}"
 
 
 def _Figure(sched: Schedule, bars: Sequence[Bar], unit: str, title: str) -> Any:

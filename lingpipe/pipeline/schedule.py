@@ -2,34 +2,39 @@
 
 An action is (kind, stage, micro-batch): `F` a forward, `B` a backward (input and
 weight gradients together), and, for zero bubble, `I` (the gradient of the
-stage's inputs) and `W` (its weights' gradient) apart. Stage s lives on device
-s mod K; with `num_virtual_stages` v > 1 each device holds v stages (chunks) of
-the model, device d stages d, d + K, ..., d + (v-1) K.
+stage's inputs) and `W` (its weights' gradient) apart. A stage is a chunk of the
+model; a device runs one or more stages, as the schedule's `stage_devices` says
+(by default the loop placement, stage s on device s mod K; V-shaped schedules put
+a device's two stages at both ends of the model).
 
-    sched = schedule.Make('1f1b', num_stages=4, num_micro_batches=8)
+    sched = generators.Make('1f1b', num_stages=4, num_micro_batches=8)
     sched.device_actions[0]   # (F s0 mb0, F s0 mb1, F s0 mb2, F s0 mb3, B s0 mb0, ...)
-    sim = simulate.Simulate(sched)   # makespan, bubble per device, peak alive per stage
+    sched.DeviceOf(3)         # 3
+    sim = simulate.Simulate(sched)   # validates; makespan, bubble, peak alive per stage
 
-`PipeliningLayer.ForwardBackward` follows such a list: each device's actions run
-in this order and nothing else is ordered but the data. `Make` validates every
-schedule by simulating it (lingpipe.pipeline.simulate), so a schedule that breaks
-a dependency or would deadlock never reaches the executor.
+Schedules also travel as CSV in torch.distributed.pipelining's compute-only
+format, one row per device, one cell per time step: `0F0` (stage 0's forward of
+micro-batch 0), `7I3`, `7W3`, `1B2`, or an empty cell for an idle step:
 
-    python -m lingpipe.pipeline.schedule --schedule=1f1b --num_stages=4 --num_micro_batches=8
+    text = ToCsv(sched)
+    FromCsv(text) == sched        # True
+    FromCsv("schedules/zbv.csv", num_micro_batches=8)
 
-prints the grid (a row per device, a column per time slot) and the figures;
-`--png=FILE` also draws the plan as a Gantt chart (lingpipe.pipeline.plot).
+The generators by name (`gpipe`, `1f1b`, ...) are in lingpipe.pipeline.generators;
+`python -m lingpipe.pipeline.schedule` prints a schedule's grid and figures.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
-import difflib
+import io
+import os
+import re
 from typing import NamedTuple
 
 FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT = "F", "B", "I", "W"
 KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
 
 
 class ScheduleError(ValueError):
@@ -49,14 +54,16 @@ class Action(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """What each device does, in order.
+    """What each device does, in order, and where each stage lives.
 
     Attributes:
       name: the generator's name ('1f1b', ...) or any label.
-      num_devices: K, the devices (physical pipeline stages).
-      num_stages: the model's stages, K * num_virtual_stages; stage s is on device s % K.
+      num_devices: K, the devices that run the pipeline.
+      num_stages: the model's stages (chunks), K * num_virtual_stages under loop placement.
       num_micro_batches: M.
       device_actions: device_actions[d] is device d's actions, in order.
+      stage_devices: stage_devices[s] is the device of stage s; None (the default)
+        is the loop placement s % K.
     """
 
     name: str
@@ -64,21 +71,51 @@ class Schedule:
     num_stages: int
     num_micro_batches: int
     device_actions: tuple[tuple[Action, ...], ...]
+    stage_devices: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        placement = self.stage_devices
+        if placement is None:
+            placement = [s % self.num_devices for s in range(self.num_stages)]
+        placement = tuple(placement)
+        if len(placement) != self.num_stages or any(
+            isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < self.num_devices
+            for d in placement
+        ):
+            raise ScheduleError(
+                f"schedule {self.name!r}: expected stage_devices to give each of the "
+                f"{self.num_stages} stages a device in 0..{self.num_devices - 1}, "
+                f"received {placement}"
+            )
+        object.__setattr__(self, "stage_devices", placement)
+        object.__setattr__(self, "device_actions", tuple(map(tuple, self.device_actions)))
 
     @property
     def num_virtual_stages(self) -> int:
-        return self.num_stages // self.num_devices
+        """Stages per device (v); 1 for a one-stage-per-device schedule."""
+        return max(len(self.StagesOf(d)) for d in range(self.num_devices))
 
     def DeviceOf(self, stage: int) -> int:
-        return stage % self.num_devices
+        """The device that runs `stage`."""
+        return self.stage_devices[stage]
 
     def StagesOf(self, device: int) -> list[int]:
-        return list(range(device, self.num_stages, self.num_devices))
+        """The stages `device` runs, in model order."""
+        return [s for s, d in enumerate(self.stage_devices) if d == device]
+
+    def ChunkOf(self, stage: int) -> int:
+        """The position of `stage` among its device's stages: 0 for the first."""
+        return self.StagesOf(self.DeviceOf(stage)).index(stage)
 
     @property
     def splits_backward(self) -> bool:
         """Whether backwards come as I and W actions (zero bubble) rather than B."""
         return any(a.kind == BACKWARD_INPUT for acts in self.device_actions for a in acts)
+
+    @property
+    def has_backward(self) -> bool:
+        """False for a forward-only schedule (evaluation, prediction)."""
+        return any(a.kind != FORWARD for acts in self.device_actions for a in acts)
 
     def __str__(self) -> str:
         rows = [f"device {d}: " + ", ".join(map(str, a)) for d, a in enumerate(self.device_actions)]
@@ -87,202 +124,101 @@ class Schedule:
         )
 
 
-def _Check(name: str, value: int, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ScheduleError(f"schedule: expected {name} >= {minimum}, received {name}={value!r}")
+_CELL = re.compile(r"^(\d+)([FBIW])(\d+)$")
 
 
-def GPipe(num_stages: int, num_micro_batches: int) -> Schedule:
-    """Fill-drain: each device runs every forward, then every backward, last micro-batch first."""
-    k_total, m_total = num_stages, num_micro_batches
-    devices = []
-    for k in range(k_total):
-        acts = [Action(FORWARD, k, m) for m in range(m_total)]
-        acts += [Action(BACKWARD, k, m) for m in reversed(range(m_total))]
-        devices.append(tuple(acts))
-    return Schedule("gpipe", k_total, k_total, m_total, tuple(devices))
+def _ReadText(text_or_path: str | os.PathLike) -> tuple[str, str]:
+    """(text, where): the CSV text, and 'file X' or 'text' for messages."""
+    spec = os.fspath(text_or_path)
+    if os.path.isfile(spec):
+        with open(spec, encoding="utf-8") as f:
+            return f.read(), f"file {spec}"
+    if "\n" not in spec and "," not in spec and spec.strip().lower().endswith(".csv"):
+        raise ScheduleError(f"schedule CSV: no such file {spec!r}")
+    return spec, "text"
 
 
-def _OneFOneBOrder(warmup: int, total: int) -> list[tuple[str, int]]:
-    """`warmup` forwards, then one forward and one backward at a time, then the backwards."""
-    order = [(FORWARD, i) for i in range(warmup)]
-    for i in range(total - warmup):
-        order += [(FORWARD, warmup + i), (BACKWARD, i)]
-    order += [(BACKWARD, i) for i in range(total - warmup, total)]
-    return order
+def FromCsv(text_or_path: str | os.PathLike, num_micro_batches: int | None = None) -> Schedule:
+    """A schedule read from torch.distributed.pipelining's compute-only CSV.
 
+    Row d is device d's actions, one per time step; a cell is `<stage><F|B|I|W><micro-batch>`
+    (`0F0`, `7I3`) or empty (idle). A stage lives on the device whose row lists it.
+    Not validated against dependencies: simulate.Simulate does that.
 
-def OneFOneB(num_stages: int, num_micro_batches: int) -> Schedule:
-    """1F1B (PipeDream-flush): device k warms up with K-k-1 forwards, then alternates.
-
-    Stage k never holds the activations of more than K-k micro-batches, where
-    GPipe holds M; the bubble is GPipe's.
-    """
-    k_total, m_total = num_stages, num_micro_batches
-    devices = []
-    for k in range(k_total):
-        order = _OneFOneBOrder(min(k_total - k - 1, m_total), m_total)
-        devices.append(tuple(Action(kind, k, m) for kind, m in order))
-    return Schedule("1f1b", k_total, k_total, m_total, tuple(devices))
-
-
-def Interleaved1F1B(num_devices: int, num_micro_batches: int, num_virtual_stages: int) -> Schedule:
-    """Megatron's interleaved 1F1B: device d holds stages d, d+K, ..., d+(v-1)K.
-
-    Micro-batches go through a device's stages in groups of K: forward i of a device
-    is micro-batch (i // (K v)) K + i % K of its chunk (i // K) % v (the backwards
-    take the chunks in reverse). The warm-up is 2 (K-d-1) + (v-1) K forwards.
-    Shrinks the bubble v times at the cost of v times more boundary traffic.
-    """
-    k_total, m_total, v = num_devices, num_micro_batches, num_virtual_stages
-    if v > 1 and m_total % k_total:
-        raise ScheduleError(
-            f"schedule 'interleaved_1f1b': num_micro_batches={m_total} must be a multiple of "
-            f"num_stages={k_total} (micro-batches go through each device's chunks in groups "
-            f"of {k_total}); received num_micro_batches={m_total}"
-        )
-    total = m_total * v
-
-    def ChunkAndMicroBatch(i: int, forward: bool) -> tuple[int, int]:
-        chunk = (i // k_total) % v
-        return (chunk if forward else v - 1 - chunk), (i // (k_total * v)) * k_total + i % k_total
-
-    devices = []
-    for d in range(k_total):
-        warmup = (k_total - d - 1) * 2 + (v - 1) * k_total if v > 1 else k_total - d - 1
-        acts = []
-        for kind, i in _OneFOneBOrder(min(warmup, total), total):
-            chunk, m = ChunkAndMicroBatch(i, kind == FORWARD)
-            acts.append(Action(kind, chunk * k_total + d, m))
-        devices.append(tuple(acts))
-    return Schedule("interleaved_1f1b", k_total, k_total * v, m_total, tuple(devices))
-
-
-def ZeroBubbleH1(num_stages: int, num_micro_batches: int) -> Schedule:
-    """ZB-H1 (Qi et al., 2024): 1F1B with each backward split into I and W, the W's
-    deferred into the bubbles.
-
-    Built by list scheduling in unit time slots: a device runs its next I when it
-    can (the critical path), else its next F if it holds fewer than K-k micro-batches
-    whose W is not done (1F1B's peak), else its oldest pending W, else waits.
-    """
-    k_total, m_total = num_stages, num_micro_batches
-    done: set[tuple[str, int, int]] = set()
-    acts: list[list[Action]] = [[] for _ in range(k_total)]
-    next_f, next_i = [0] * k_total, [0] * k_total
-    pending_w: list[list[int]] = [[] for _ in range(k_total)]
-    while any(len(a) < 3 * m_total for a in acts):
-        slot = []
-        for k in range(k_total):
-            f, i = next_f[k], next_i[k]
-            alive = f - (i - len(pending_w[k]))
-            i_ready = (
-                i < f
-                and (FORWARD, k, i) in done
-                and (k == k_total - 1 or (BACKWARD_INPUT, k + 1, i) in done)
-            )
-            f_ready = f < m_total and (k == 0 or (FORWARD, k - 1, f) in done)
-            if i_ready:
-                action, next_i[k] = Action(BACKWARD_INPUT, k, i), i + 1
-                pending_w[k].append(i)
-            elif f_ready and alive < k_total - k:
-                action, next_f[k] = Action(FORWARD, k, f), f + 1
-            elif pending_w[k]:
-                action = Action(BACKWARD_WEIGHT, k, pending_w[k].pop(0))
-            else:
-                continue
-            acts[k].append(action)
-            slot.append(action)
-        if not slot:  # cannot happen for K, M >= 1; a bug here must not hang the caller
-            raise ScheduleError(f"schedule 'zero_bubble': no device can move at {acts}")
-        done.update(slot)  # unit time: what ran in this slot is done for the next
-    return Schedule("zero_bubble", k_total, k_total, m_total, tuple(tuple(a) for a in acts))
-
-
-def Make(
-    name: str, num_stages: int, num_micro_batches: int, num_virtual_stages: int = 1
-) -> Schedule:
-    """The schedule `name` for K = num_stages devices and M micro-batches, validated.
+    Args:
+      text_or_path: the CSV text, or the path of a file that holds it.
+      num_micro_batches: M when known; a cell naming micro-batch >= M is refused.
+        None: one more than the largest micro-batch listed.
 
     Raises:
-      ScheduleError: unknown name (with a suggestion), bad counts, or an M the
-        schedule cannot run.
+      ScheduleError: a malformed cell (with its row, column and text), a stage on two
+        devices, a stage no row lists, or a micro-batch out of range.
     """
-    if name not in SCHEDULES:
-        close = difflib.get_close_matches(str(name), SCHEDULES, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+    text, where = _ReadText(text_or_path)
+    rows = list(csv.reader(io.StringIO(text)))
+    while rows and not any(c.strip() for c in rows[-1]):
+        rows.pop()  # trailing blank lines are no devices
+    if not rows:
+        raise ScheduleError(f"schedule CSV ({where}): expected one row per device, received none")
+    device_actions, stage_devices = [], {}
+    for d, row in enumerate(rows):
+        acts = []
+        for c, cell in enumerate(row):
+            if not cell.strip():
+                continue
+            match = _CELL.match(cell.strip())
+            if not match:
+                raise ScheduleError(
+                    f"schedule CSV ({where}): row {d + 1} (device {d}), column {c + 1}: cannot "
+                    f"read cell {cell!r}, expected <stage><F|B|I|W><micro-batch> such as 0F0 or "
+                    "7I3, or an empty cell for an idle step"
+                )
+            a = Action(match.group(2), int(match.group(1)), int(match.group(3)))
+            if stage_devices.setdefault(a.stage, d) != d:
+                raise ScheduleError(
+                    f"schedule CSV ({where}): row {d + 1}, column {c + 1}: {cell.strip()} puts "
+                    f"stage {a.stage} on device {d}, but row {stage_devices[a.stage] + 1} "
+                    f"already runs it on device {stage_devices[a.stage]}"
+                )
+            if num_micro_batches is not None and a.micro_batch >= num_micro_batches:
+                raise ScheduleError(
+                    f"schedule CSV ({where}): row {d + 1}, column {c + 1}: {cell.strip()} names "
+                    f"micro-batch {a.micro_batch}, expected one in 0..{num_micro_batches - 1} "
+                    f"(num_micro_batches={num_micro_batches})"
+                )
+            acts.append(a)
+        device_actions.append(tuple(acts))
+    num_stages = max(stage_devices) + 1
+    missing = [s for s in range(num_stages) if s not in stage_devices]
+    if missing:
         raise ScheduleError(
-            f"schedule: unknown schedule {name!r}, expected one of {', '.join(SCHEDULES)}{hint}"
+            f"schedule CSV ({where}): no row runs stage(s) {missing}; expected every stage "
+            f"0..{num_stages - 1} on some device"
         )
-    _Check("num_stages", num_stages)
-    _Check("num_micro_batches", num_micro_batches)
-    _Check("num_virtual_stages", num_virtual_stages)
-    if num_virtual_stages > 1 and name != "interleaved_1f1b":
-        raise ScheduleError(
-            f"schedule {name!r}: num_virtual_stages={num_virtual_stages} needs "
-            f"schedule='interleaved_1f1b'; the others run one stage per device"
-        )
-    if name == "gpipe":
-        sched = GPipe(num_stages, num_micro_batches)
-    elif name == "1f1b":
-        sched = OneFOneB(num_stages, num_micro_batches)
-    elif name == "interleaved_1f1b":
-        sched = Interleaved1F1B(num_stages, num_micro_batches, num_virtual_stages)
-    else:
-        sched = ZeroBubbleH1(num_stages, num_micro_batches)
-    from lingpipe.pipeline import simulate
-
-    simulate.Simulate(sched)  # raises ScheduleError if it cannot run
-    return sched
+    micro = num_micro_batches or 1 + max(a.micro_batch for acts in device_actions for a in acts)
+    name = os.path.basename(where[5:]) if where.startswith("file ") else "csv"
+    placement = tuple(stage_devices[s] for s in range(num_stages))
+    return Schedule(name, len(rows), num_stages, micro, tuple(device_actions), placement)
 
 
-def ForwardTicks(num_stages: int, num_micro_batches: int) -> list[list[tuple[int, int]]]:
-    """Fill-drain forward clock ticks: ticks[t] lists the (stage, micro_batch) pairs of t."""
-    ticks = []
-    for t in range(num_stages + num_micro_batches - 1):
-        ticks.append([(k, t - k) for k in range(num_stages) if 0 <= t - k < num_micro_batches])
-    return ticks
+def ToCsv(sched: Schedule) -> str:
+    """`sched` as compute-only CSV (FromCsv's format): each action in the time step at
+    which it starts when every action takes one step and starts as soon as its device
+    is free and its inputs are ready (torch's grids count steps the same way)."""
+    from lingpipe.pipeline import simulate  # simulate imports this module
 
-
-def BubbleFraction(num_stages: int, num_micro_batches: int) -> float:
-    """Idle share of the fill-drain pipeline, (K - 1) / (M + K - 1), as in the GPipe paper."""
-    return (num_stages - 1) / (num_micro_batches + num_stages - 1)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m lingpipe.pipeline.schedule`: prints a schedule's grid and figures."""
-    import argparse
-
-    from lingpipe.pipeline import simulate
-
-    parser = argparse.ArgumentParser(prog="python -m lingpipe.pipeline.schedule")
-    parser.add_argument("--schedule", default="gpipe", help=f"one of {', '.join(SCHEDULES)}")
-    parser.add_argument("--num_stages", type=int, default=4, help="K, the devices")
-    parser.add_argument("--num_micro_batches", type=int, default=8, help="M")
-    parser.add_argument("--num_virtual_stages", type=int, default=1, help="v (interleaved)")
-    parser.add_argument("--list", action="store_true", help="also print each device's list")
-    parser.add_argument("--png", default="", help="also draw the plan to this PNG file")
-    args = parser.parse_args(argv)
-    try:
-        sched = Make(
-            args.schedule, args.num_stages, args.num_micro_batches, args.num_virtual_stages
-        )
-    except ScheduleError as e:
-        print(f"lingpipe.pipeline.schedule: error: {e}")
-        return 2
-    sim = simulate.Simulate(sched)
-    print(simulate.Grid(sched, sim))
-    print()
-    print(simulate.Figures(sched, sim))
-    if args.list:
-        print()
-        print(sched)
-    if args.png:
-        from lingpipe.pipeline import plot
-
-        print(f"\nwrote {plot.PlotSimulation(sched, sim, args.png)}")
-    return 0
+    sim = simulate.Simulate(sched, costs={kind: 1.0 for kind in KINDS})
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for acts in sched.device_actions:
+        row = [""] * (int(round(max((sim.end[a] for a in acts), default=0.0))))
+        for a in acts:
+            row[int(round(sim.start[a]))] = f"{a.stage}{a.kind}{a.micro_batch}"
+        writer.writerow(row)
+    return out.getvalue()
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from lingpipe.pipeline import schedule_cli
+
+    raise SystemExit(schedule_cli.main())

@@ -8,11 +8,12 @@ and the actions it needs are done:
     I s m   as B
     W s m   needs I s m
 
-`Simulate` rejects a schedule that is malformed (an action on the wrong device,
-a micro-batch run twice or never) or that can deadlock, naming the first action
-that cannot run and showing the grid up to there. Costs are per kind, in time
-units: by default a forward, an input gradient and a weight gradient cost 1 each,
-so a whole backward B costs 2.
+`Simulate` rejects a schedule that is malformed (an action on a device that does
+not hold its stage, a micro-batch run twice or never) or that can deadlock, naming
+the first action that cannot run and showing the grid up to there. A
+forward-only schedule (no B, I or W at all) is valid: evaluation runs one. Costs
+are per kind, in time units: by default a forward, an input gradient and a weight
+gradient cost 1 each, so a whole backward B costs 2.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ class Simulation:
       makespan: the end of the last action.
       idle_share: per device, the share of the makespan it waits.
       peak_alive: per stage, the most micro-batches whose forward has started and
-        whose backward (W for zero bubble) has not ended, at any time.
+        whose backward (W for zero bubble; the forward itself when there is no
+        backward) has not ended, at any time.
+      device_peak_alive: per device, the most (stage, micro-batch) pairs alive at
+        once over all of its stages.
       order: every action in the order it starts (ties: by device), a valid order
         to create them in.
     """
@@ -54,6 +58,7 @@ class Simulation:
     idle_share: list[float]
     peak_alive: list[int]
     order: list[Action]
+    device_peak_alive: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def bubble(self) -> float:
@@ -63,7 +68,7 @@ class Simulation:
 
 def _CheckStructure(s: Schedule) -> None:
     """Every action on its stage's device; per stage and micro-batch one F and one B
-    (or one I and one W)."""
+    (or one I and one W), or, in a forward-only schedule, one F."""
     seen: collections.Counter = collections.Counter()
     for d, acts in enumerate(s.device_actions):
         for a in acts:
@@ -83,12 +88,14 @@ def _CheckStructure(s: Schedule) -> None:
                     f"lives on device {s.DeviceOf(a.stage)}"
                 )
             seen[a] += 1
+    forward_only = not s.has_backward
     for stage in range(s.num_stages):
         for m in range(s.num_micro_batches):
             f, b = Action(FORWARD, stage, m), Action(BACKWARD, stage, m)
             i, w = Action(BACKWARD_INPUT, stage, m), Action(BACKWARD_WEIGHT, stage, m)
             ok = seen[f] == 1 and (
-                (seen[b] == 1 and not seen[i] and not seen[w])
+                forward_only
+                or (seen[b] == 1 and not seen[i] and not seen[w])
                 or (not seen[b] and seen[i] == 1 and seen[w] == 1)
             )
             if not ok:
@@ -150,7 +157,8 @@ def Simulate(s: Schedule, costs: dict[str, float] | None = None) -> Simulation:
     busy = [sum(costs[a.kind] for a in acts) for acts in s.device_actions]
     idle = [1.0 - b / makespan if makespan else 0.0 for b in busy]
     order.sort(key=lambda a: (start[a], s.DeviceOf(a.stage)))
-    return Simulation(start, end, makespan, idle, _PeakAlive(s, start, end), order)
+    peaks, device_peaks = _PeakAlive(s, start, end)
+    return Simulation(start, end, makespan, idle, peaks, order, device_peaks)
 
 
 def _RaiseDeadlock(s, kinds, heads, start, end) -> None:
@@ -168,32 +176,46 @@ def _RaiseDeadlock(s, kinds, heads, start, end) -> None:
     )
 
 
-def _PeakAlive(s: Schedule, start: dict, end: dict) -> list[int]:
-    peaks = []
-    for stage in range(s.num_stages):
-        events = []
-        for m in range(s.num_micro_batches):
-            last = Action(BACKWARD, stage, m)
-            if last not in end:
-                last = Action(BACKWARD_WEIGHT, stage, m)
-            events += [(start[Action(FORWARD, stage, m)], 1), (end[last], -1)]
-        alive = peak = 0
-        for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
-            alive += delta
-            peak = max(peak, alive)
-        peaks.append(peak)
-    return peaks
+def LastAction(stage: int, m: int, end: dict) -> Action:
+    """The action that ends micro-batch m's life on `stage`: its B, its W, or (forward
+    only) its F."""
+    for kind in (BACKWARD, BACKWARD_WEIGHT):
+        if Action(kind, stage, m) in end:
+            return Action(kind, stage, m)
+    return Action(FORWARD, stage, m)
+
+
+def _Peak(events: list[tuple[float, int]]) -> int:
+    alive = peak = 0
+    for _, delta in sorted(events):  # at a tie, an end (-1) before a start
+        alive += delta
+        peak = max(peak, alive)
+    return peak
+
+
+def _PeakAlive(s: Schedule, start: dict, end: dict) -> tuple[list[int], list[int]]:
+    """(per stage, per device) the most micro-batches alive at once."""
+    events = [
+        [
+            e
+            for m in range(s.num_micro_batches)
+            for e in ((start[Action(FORWARD, stage, m)], 1), (end[LastAction(stage, m, end)], -1))
+        ]
+        for stage in range(s.num_stages)
+    ]
+    device = [sum((events[st] for st in s.StagesOf(d)), []) for d in range(s.num_devices)]
+    return [_Peak(e) for e in events], [_Peak(e) for e in device]
 
 
 def _Label(s: Schedule, a: Action) -> str:
     label = f"{a.kind}{a.micro_batch}"
-    return label if s.num_virtual_stages == 1 else f"{label}.{a.stage // s.num_devices}"
+    return label if s.num_virtual_stages == 1 else f"{label}.{s.ChunkOf(a.stage)}"
 
 
 def Grid(s: Schedule, sim: Simulation) -> str:
     """One row per device, one column per time unit: `F3` forward of micro-batch 3
-    (`F3.1` on the device's chunk 1 when interleaved), `~` the rest of a longer
-    action, `.` idle."""
+    (`F3.1` on the device's second stage when it runs several), `~` the rest of a
+    longer action, `.` idle."""
     width = max([len(_Label(s, a)) for acts in s.device_actions for a in acts] + [2])
     slots = int(round(sim.makespan))
     lines = ["      " + " ".join(f"{t:>{width}}" for t in range(slots))]
@@ -209,17 +231,19 @@ def Grid(s: Schedule, sim: Simulation) -> str:
     return "\n".join(lines)
 
 
-def Figures(s: Schedule, sim: Simulation) -> str:
-    """The makespan, each device's idle share and each stage's peak alive micro-batches."""
+def Figures(s: Schedule, sim: Simulation, costs: str = "F=1, I=W=1, B=2") -> str:
+    """The makespan, the bubble, and per device its idle share and its peak alive
+    micro-batches (all its stages together, then per stage)."""
     lines = [
         f"schedule {s.name}: K={s.num_devices} devices, {s.num_stages} stages, "
         f"M={s.num_micro_batches} micro-batches",
-        f"makespan {sim.makespan:g} time units (F=1, I=W=1, B=2); bubble {sim.bubble:.1%}",
+        f"makespan {sim.makespan:g} time units ({costs}); bubble {sim.bubble:.1%}",
     ]
     for d in range(s.num_devices):
         stages = s.StagesOf(d)
         peaks = ", ".join(f"s{st}: {sim.peak_alive[st]}" for st in stages)
         lines.append(
-            f"  device {d}: idle {sim.idle_share[d]:.1%}; peak alive micro-batches {peaks}"
+            f"  device {d}: idle {sim.idle_share[d]:.1%}; peak alive micro-batches "
+            f"{sim.device_peak_alive[d]} ({peaks})"
         )
     return "\n".join(lines)

@@ -5,16 +5,26 @@ import sys
 
 import pytest
 
-from lingpipe.pipeline import schedule, simulate
+from lingpipe.pipeline import generators, schedule, simulate
 from lingpipe.pipeline.schedule import Action, ScheduleError
 
+
+def _Runs(name, k, m, v):
+    """Whether `name` takes these counts (interleaving needs M >= K, DualPipeV M >= 2K)."""
+    if name == "dualpipev":
+        return m >= 2 * k
+    return not (v > 1 and name == "interleaved_1f1b" and m < k)
+
+
+# Every training schedule, K, M and v that can run (test_executor runs them too).
 ALL = [
     (name, k, m, v)
-    for name in schedule.SCHEDULES
+    for name in generators.SCHEDULES
+    if name != "forward_only"
     for k in (1, 2, 3, 4)
     for m in (1, 2, 4, 8)
-    for v in ((1, 2) if name == "interleaved_1f1b" else (1,))
-    if not (v > 1 and m % k)
+    for v in ((1, 2) if name in generators.VIRTUAL else (1,))
+    if _Runs(name, k, m, v)
 ]
 
 
@@ -24,16 +34,16 @@ def Kinds(acts):
 
 @pytest.mark.parametrize("name,k,m,v", ALL)
 def test_every_schedule_runs_each_action_once_on_its_device(name, k, m, v):
-    sched = schedule.Make(name, k, m, v)
+    sched = generators.Make(name, k, m, v)
     sim = simulate.Simulate(sched)  # raises on a broken dependency or deadlock
-    assert sched.num_stages == k * v
+    assert sched.num_stages == k * (2 if name in generators.V_SHAPED else v)
     assert len(sim.order) == sum(len(a) for a in sched.device_actions)
     for d, acts in enumerate(sched.device_actions):
         assert all(sched.DeviceOf(a.stage) == d for a in acts)
 
 
 def test_gpipe_runs_every_forward_then_the_backwards_last_micro_batch_first():
-    sched = schedule.Make("gpipe", 2, 3)
+    sched = generators.Make("gpipe", 2, 3)
     assert sched.device_actions[1] == (
         Action("F", 1, 0),
         Action("F", 1, 1),
@@ -46,36 +56,42 @@ def test_gpipe_runs_every_forward_then_the_backwards_last_micro_batch_first():
 
 
 def test_1f1b_warms_up_then_alternates_and_holds_at_most_k_minus_stage():
-    sched = schedule.Make("1f1b", 4, 8)
+    sched = generators.Make("1f1b", 4, 8)
     assert Kinds(sched.device_actions[0]) == "FFF" + "FB" * 5 + "BBB"
     assert Kinds(sched.device_actions[3]) == "FB" * 8
     sim = simulate.Simulate(sched)
     assert sim.peak_alive == [4, 3, 2, 1]
-    gpipe = simulate.Simulate(schedule.Make("gpipe", 4, 8))
+    gpipe = simulate.Simulate(generators.Make("gpipe", 4, 8))
     assert gpipe.peak_alive == [8, 8, 8, 8]
     assert sim.makespan == gpipe.makespan  # the same bubble, less memory
 
 
-def test_zero_bubble_splits_backwards_and_shrinks_the_bubble_at_1f1b_memory():
-    sched = schedule.Make("zero_bubble", 4, 8)
+@pytest.mark.parametrize("k,m", [(4, 8), (8, 32), (2, 4), (3, 5)])
+def test_zero_bubble_is_zb_h1_its_bubble_a_third_of_1f1bs_at_1f1bs_first_device_memory(k, m):
+    sched = generators.Make("zero_bubble", k, m)
     assert sched.splits_backward
-    sim, one_f = simulate.Simulate(sched), simulate.Simulate(schedule.Make("1f1b", 4, 8))
-    assert sim.makespan < one_f.makespan
-    assert sim.bubble < one_f.bubble
-    assert sim.peak_alive == one_f.peak_alive == [4, 3, 2, 1]
-    # Weight gradients fill the first device's cool-down, where 1F1B idles.
+    sim, one_f = simulate.Simulate(sched), simulate.Simulate(generators.Make("1f1b", k, m))
+    # ZB-H1's bubble under F = I = W = 1 (B = 2): (K-1) / (3M + K-1), a third of 1F1B's.
+    assert sim.bubble == pytest.approx((k - 1) / (3 * m + k - 1))
+    assert sim.makespan == 3 * m + k - 1 < one_f.makespan
+    assert max(sim.device_peak_alive) == k == one_f.peak_alive[0]
     kinds = Kinds(sched.device_actions[0])
-    assert kinds.count("I") == kinds.count("W") == 8
+    assert kinds.count("I") == kinds.count("W") == m and "B" not in kinds
+
+
+def test_zero_bubble_figures_at_k4_m8():
+    sim = simulate.Simulate(generators.Make("zero_bubble", 4, 8))
+    assert f"{sim.bubble:.1%}" == "11.1%"
 
 
 def test_interleaved_puts_chunk_c_on_device_c_mod_k_and_shrinks_the_bubble():
-    sched = schedule.Make("interleaved_1f1b", 4, 8, num_virtual_stages=2)
+    sched = generators.Make("interleaved_1f1b", 4, 8, num_virtual_stages=2)
     assert {a.stage for a in sched.device_actions[1]} == {1, 5}
     assert sched.device_actions[0][:5] == tuple(
         Action("F", s, m) for s, m in [(0, 0), (0, 1), (0, 2), (0, 3), (4, 0)]
     )
     sim = simulate.Simulate(sched)
-    one_f = simulate.Simulate(schedule.Make("1f1b", 4, 8))
+    one_f = simulate.Simulate(generators.Make("1f1b", 4, 8))
     assert sim.bubble < one_f.bubble
     # Each chunk is half a stage: the step takes fewer stage-times than 1F1B's.
     assert sim.makespan / 2 < one_f.makespan
@@ -83,25 +99,36 @@ def test_interleaved_puts_chunk_c_on_device_c_mod_k_and_shrinks_the_bubble():
 
 def test_unknown_schedule_suggests_the_closest():
     with pytest.raises(ScheduleError, match=r"unknown schedule '1fb1'.*did you mean '1f1b'"):
-        schedule.Make("1fb1", 2, 4)
+        generators.Make("1fb1", 2, 4)
 
 
-def test_interleaved_refuses_micro_batches_not_a_multiple_of_the_stages():
+def test_interleaved_runs_any_m_at_least_k_and_refuses_fewer():
+    for m in (5, 6, 7):  # not multiples of K: the last round is shorter
+        sched = generators.Make("interleaved_1f1b", 4, m, num_virtual_stages=2)
+        assert (
+            simulate.Simulate(sched).bubble
+            < simulate.Simulate(generators.Make("1f1b", 4, m)).bubble
+        )
     with pytest.raises(
-        ScheduleError, match=r"num_micro_batches=6 must be a multiple of num_stages=4"
+        ScheduleError,
+        match=r"expected num_micro_batches >= num_stages=4 .* received num_micro_batches=3",
     ):
-        schedule.Make("interleaved_1f1b", 4, 6, num_virtual_stages=2)
+        generators.Make("interleaved_1f1b", 4, 3, num_virtual_stages=2)
 
 
-def test_virtual_stages_need_the_interleaved_schedule():
+def test_virtual_stages_need_a_schedule_that_runs_several_per_device():
     with pytest.raises(
-        ScheduleError, match=r"num_virtual_stages=2 needs schedule='interleaved_1f1b'"
+        ScheduleError, match=r"'1f1b': num_virtual_stages=2 needs one of interleaved_1f1b, "
     ):
-        schedule.Make("1f1b", 2, 4, num_virtual_stages=2)
+        generators.Make("1f1b", 2, 4, num_virtual_stages=2)
+    with pytest.raises(
+        ScheduleError, match=r"'zbv': num_virtual_stages=3 .* two stages per device"
+    ):
+        generators.Make("zbv", 2, 4, num_virtual_stages=3)
 
 
 def test_a_deadlock_names_the_first_action_that_cannot_run_and_shows_the_grid():
-    good = schedule.Make("1f1b", 2, 2)
+    good = generators.Make("1f1b", 2, 2)
     # Device 0 wants the backward of micro-batch 0 before it sends micro-batch 0 on.
     bad = schedule.Schedule(
         "mine",
@@ -123,7 +150,7 @@ def test_a_deadlock_names_the_first_action_that_cannot_run_and_shows_the_grid():
 
 
 def test_a_missing_or_misplaced_action_is_named():
-    good = schedule.Make("gpipe", 2, 2)
+    good = generators.Make("gpipe", 2, 2)
     missing = schedule.Schedule("m", 2, 2, 2, (good.device_actions[0][:-1], good.device_actions[1]))
     with pytest.raises(ScheduleError, match=r"stage 0 micro-batch 0 needs one F and one B"):
         simulate.Simulate(missing)
@@ -133,7 +160,7 @@ def test_a_missing_or_misplaced_action_is_named():
 
 
 def test_costs_change_the_makespan_and_bubble():
-    sched = schedule.Make("1f1b", 2, 4)
+    sched = generators.Make("1f1b", 2, 4)
     unit = simulate.Simulate(sched)
     assert unit.makespan == 4 * 3 + 3  # (F + B) per micro-batch, plus the fill
     heavy = simulate.Simulate(sched, costs={"B": 4.0})
@@ -141,10 +168,10 @@ def test_costs_change_the_makespan_and_bubble():
 
 
 def test_bubble_fraction_formula():
-    assert schedule.BubbleFraction(1, 8) == 0.0
-    assert schedule.BubbleFraction(4, 1) == 0.75
-    sim = simulate.Simulate(schedule.Make("gpipe", 4, 8))
-    assert sim.bubble == pytest.approx(schedule.BubbleFraction(4, 8))
+    assert generators.BubbleFraction(1, 8) == 0.0
+    assert generators.BubbleFraction(4, 1) == 0.75
+    sim = simulate.Simulate(generators.Make("gpipe", 4, 8))
+    assert sim.bubble == pytest.approx(generators.BubbleFraction(4, 8))
 
 
 def test_command_prints_the_grid_and_figures():
@@ -156,7 +183,7 @@ def test_command_prints_the_grid_and_figures():
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[1].split()[:6] == ["dev", "0", "F0", "F1", "F2", "F3"]
-    assert "peak alive micro-batches s0: 4" in run.stdout
+    assert "device 0: idle 27.3%; peak alive micro-batches 4 (s0: 4)" in run.stdout
     assert "bubble 27.3%" in run.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "lingpipe.pipeline.schedule", "--schedule=pipedream"],

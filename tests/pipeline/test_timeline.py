@@ -10,7 +10,7 @@ from gpipe_cells import Pipeline
 
 from lingpipe.layers import linear
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import plot, schedule, simulate, timeline
+from lingpipe.pipeline import generators, plot, schedule_cli, simulate, timeline
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -66,7 +66,7 @@ def test_chrome_trace_busy_share_and_pictures(recorded, tmp_path):
 def test_schedule_main_draws_the_plan(tmp_path, capsys):
     path = str(tmp_path / "plan.png")
     args = ["--schedule=zero_bubble", "--num_stages=3", "--num_micro_batches=4", f"--png={path}"]
-    assert schedule.main(args) == 0
+    assert schedule_cli.main(args) == 0
     assert f"wrote {path}" in capsys.readouterr().out
     with open(path, "rb") as f:
         assert f.read(8) == PNG_MAGIC
@@ -75,7 +75,7 @@ def test_schedule_main_draws_the_plan(tmp_path, capsys):
 def test_errors_say_what_was_expected(tmp_path):
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    sched = schedule.Make("gpipe", 2, 2)
+    sched = generators.Make("gpipe", 2, 2)
     with pytest.raises(timeline.TimelineError, match=r"no op of a pipeline action .* F_s0_mb0/"):
         timeline.Spans(xplane_pb2.XSpace(), sched)
     with pytest.raises(timeline.TimelineError, match=r"no profile in .*xplane.pb"):

@@ -12,7 +12,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from lingpipe.pipeline import schedule
+from lingpipe.pipeline import generators
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ def test_timeline_json_has_every_action_of_each_step_in_schedule_order(run):
         assert {"name", "ph", "ts", "dur", "pid", "tid"} <= set(e), e
     spans = [e for e in events if e["ph"] == "X"]
     assert {e["args"]["step"] for e in spans} == {0, 1}  # steps 5 and 6
-    sched = schedule.Make("gpipe", K, M)
+    sched = generators.Make("gpipe", K, M)
     for step in (0, 1):
         for d in range(K):
             mine = sorted(

@@ -1,0 +1,407 @@
+"""The schedules by name, and what `p.schedule` may be: a name, a Schedule, a CSV file.
+
+    sched = generators.Make('zbv', num_stages=4, num_micro_batches=8)  # K=4 devices, 8 stages
+    sched = generators.Resolve('my_schedule.csv', num_devices=4, num_micro_batches=8)
+
+`num_stages` of Make is K, the devices (the pipeline's stages when each device
+runs one); schedules with several stages per device build K * v of them:
+`num_virtual_stages` v for the loop-placed ones (stage s on device s mod K), two
+for the V-shaped ones (`zbv`, `dualpipev`: device d runs stages d and 2K-1-d).
+Every schedule Make returns has been run by lingpipe.pipeline.simulate, so one
+that breaks a dependency or would deadlock never reaches the executor.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable
+
+from lingpipe.pipeline import simulate
+from lingpipe.pipeline.schedule import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    Action,
+    FromCsv,
+    Schedule,
+    ScheduleError,
+)
+
+SCHEDULES = (
+    "gpipe",
+    "1f1b",
+    "interleaved_1f1b",
+    "zero_bubble",
+    "zbv",
+    "looped_bfs",
+    "interleaved_zero_bubble",
+    "dualpipev",
+    "forward_only",
+)
+# Names that take num_virtual_stages v > 1 (loop placement); V-shaped ones always have 2.
+VIRTUAL = ("interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "forward_only")
+V_SHAPED = ("zbv", "dualpipev")
+
+
+def _Check(name: str, value: int, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ScheduleError(f"schedule: expected {name} >= {minimum}, received {name}={value!r}")
+
+
+def VPlacement(num_devices: int) -> tuple[int, ...]:
+    """The V placement of 2K stages: stage s on device s for s < K, else 2K-1-s."""
+    return tuple(range(num_devices)) + tuple(reversed(range(num_devices)))
+
+
+def _Built(name: str, k: int, m: int, acts: list, v: int = 1, placement: tuple | None = None):
+    """The Schedule of device lists `acts`: K * v stages placed by `placement` (None: loop)."""
+    num_stages = len(placement) if placement else k * v
+    return Schedule(name, k, num_stages, m, tuple(tuple(a) for a in acts), placement)
+
+
+def GPipe(num_stages: int, num_micro_batches: int) -> Schedule:
+    """Fill-drain: each device runs every forward, then every backward, last micro-batch first."""
+    k_total, m_total = num_stages, num_micro_batches
+    devices = []
+    for k in range(k_total):
+        acts = [Action(FORWARD, k, m) for m in range(m_total)]
+        acts += [Action(BACKWARD, k, m) for m in reversed(range(m_total))]
+        devices.append(acts)
+    return _Built("gpipe", k_total, m_total, devices)
+
+
+def _OneFOneBOrder(warmup: int, total: int) -> list[tuple[str, int]]:
+    """`warmup` forwards, then one forward and one backward at a time, then the backwards."""
+    order = [(FORWARD, i) for i in range(warmup)]
+    for i in range(total - warmup):
+        order += [(FORWARD, warmup + i), (BACKWARD, i)]
+    order += [(BACKWARD, i) for i in range(total - warmup, total)]
+    return order
+
+
+def OneFOneB(num_stages: int, num_micro_batches: int) -> Schedule:
+    """1F1B (PipeDream-flush): device k warms up with K-k-1 forwards, then alternates.
+
+    Stage k never holds the activations of more than K-k micro-batches, where
+    GPipe holds M; the bubble is GPipe's.
+    """
+    k_total, m_total = num_stages, num_micro_batches
+    devices = []
+    for k in range(k_total):
+        order = _OneFOneBOrder(min(k_total - k - 1, m_total), m_total)
+        devices.append([Action(kind, k, m) for kind, m in order])
+    return _Built("1f1b", k_total, m_total, devices)
+
+
+def _Rounds(k: int, m: int, v: int, reverse: bool = False) -> tuple[list[tuple[int, int]], int]:
+    """((chunk, micro-batch) in Megatron's order, the first round's size): micro-batches
+    in M // K rounds of K or more (sizes as even as they can be), each round through
+    every chunk (backwards: last chunk first). A round of at least K keeps chunk c+1's
+    first forward from waiting on the pipeline's fill."""
+    n = max(1, m // k)
+    sizes = [m // n + (1 if i < m % n else 0) for i in range(n)]
+    chunks = list(reversed(range(v))) if reverse else list(range(v))
+    order, start = [], 0
+    for size in sizes:
+        order += [(c, mb) for c in chunks for mb in range(start, start + size)]
+        start += size
+    return order, sizes[0]
+
+
+def Interleaved1F1B(num_devices: int, num_micro_batches: int, num_virtual_stages: int) -> Schedule:
+    """Megatron's interleaved 1F1B: device d holds stages d, d+K, ..., d+(v-1)K.
+
+    Micro-batches go through a device's chunks in rounds of K (M // K rounds of K or
+    more when K does not divide M); the backwards take the chunks in reverse. The
+    warm-up is 2 (K-d-1) + (v-1) R forwards, R the first round's size. Shrinks the
+    bubble v times at the cost of v times more boundary traffic.
+    """
+    k_total, m_total, v = num_devices, num_micro_batches, num_virtual_stages
+    if v > 1 and m_total < k_total:
+        raise ScheduleError(
+            f"schedule 'interleaved_1f1b': expected num_micro_batches >= num_stages={k_total} "
+            f"(micro-batches go through each device's chunks in rounds of {k_total}); "
+            f"received num_micro_batches={m_total}"
+        )
+    (forwards, size), (backwards, _) = (
+        _Rounds(k_total, m_total, v),
+        _Rounds(k_total, m_total, v, True),
+    )
+    devices = []
+    for d in range(k_total):
+        warmup = (k_total - d - 1) * 2 + (v - 1) * size if v > 1 else k_total - d - 1
+        acts = []
+        for kind, i in _OneFOneBOrder(min(warmup, len(forwards)), len(forwards)):
+            chunk, m = (forwards if kind == FORWARD else backwards)[i]
+            acts.append(Action(kind, chunk * k_total + d, m))
+        devices.append(acts)
+    return _Built("interleaved_1f1b", k_total, m_total, devices, v)
+
+
+def LoopedBFS(num_devices: int, num_micro_batches: int, num_virtual_stages: int) -> Schedule:
+    """Breadth-first over chunks (loop placement): every micro-batch through a device's
+    chunk 0, then chunk 1, ...; then the backwards, last chunk and last micro-batch
+    first. GPipe's memory (all M alive on every chunk), fewer boundary waits."""
+    k, m, v = num_devices, num_micro_batches, num_virtual_stages
+    devices = []
+    for d in range(k):
+        acts = [Action(FORWARD, c * k + d, mb) for c in range(v) for mb in range(m)]
+        acts += [
+            Action(BACKWARD, c * k + d, mb) for c in reversed(range(v)) for mb in reversed(range(m))
+        ]
+        devices.append(acts)
+    return _Built("looped_bfs", k, m, devices, v)
+
+
+def ForwardOnly(num_devices: int, num_micro_batches: int, num_virtual_stages: int = 1) -> Schedule:
+    """Forwards only (evaluation, prediction): each device runs its forwards in
+    micro-batch order, in rounds of K through its chunks when it holds several."""
+    k, m, v = num_devices, num_micro_batches, num_virtual_stages
+    devices = [[Action(FORWARD, c * k + d, mb) for c, mb in _Rounds(k, m, v)[0]] for d in range(k)]
+    return _Built("forward_only", k, m, devices, v)
+
+
+class _Device:
+    """A device's list being written: per stage, the next micro-batch of each kind,
+    and the W's owed, oldest first."""
+
+    def __init__(self, m: int) -> None:
+        self.acts: list[Action] = []
+        self.next: dict[tuple[str, int], int] = {}
+        self.owed: list[Action] = []
+        self.m = m
+
+    def Add(self, kind: str, stage: int) -> None:
+        """The next `kind` of `stage` (B: its whole backward; I owes a W)."""
+        key = (BACKWARD_INPUT if kind == BACKWARD else kind, stage)
+        mb = self.next.get(key, 0)
+        self.next[key] = mb + 1
+        if mb < self.m:  # generators may overrun M; what is past it is no work
+            self.acts.append(Action(kind, stage, mb))
+            if kind == BACKWARD_INPUT:
+                self.owed.append(Action(BACKWARD_WEIGHT, stage, mb))
+
+    def PayW(self, count: int = 1) -> None:
+        """The oldest `count` W's owed (fewer if fewer are owed)."""
+        for _ in range(min(count, len(self.owed))):
+            self.acts.append(self.owed.pop(0))
+
+
+def ZeroBubble(
+    num_devices: int, num_micro_batches: int, num_virtual_stages: int = 1, name: str = "zero_bubble"
+) -> Schedule:
+    """ZB-H1 (Qi et al., 2024; v = 1) and its interleaved form ZB1P (v > 1).
+
+    Device d warms up with (v-1) R + K-d-1 forwards (R: the first round's size, K when
+    K divides M; v = 1: 1F1B's warm-up), then runs one
+    forward and one input gradient I at a time (Megatron's chunk order when v > 1),
+    then the remaining I's; each W follows d I's behind its own, so the W's fill
+    what would be bubbles and no device holds more than K micro-batches per chunk
+    alive. Bubble under F = I = W = 1: (K-1) / (3M + K-1) for v = 1.
+    """
+    k, m, v = num_devices, num_micro_batches, num_virtual_stages
+    (forwards, size), (backwards, _) = _Rounds(k, m, v), _Rounds(k, m, v, True)
+    devices = []
+    for d in range(k):
+        dev = _Device(m)
+        warmup = min((v - 1) * size + k - d - 1, len(forwards))
+        for i in range(len(forwards) + warmup):
+            if i < len(forwards):
+                dev.Add(FORWARD, forwards[i][0] * k + d)
+            if i >= warmup:
+                dev.Add(BACKWARD_INPUT, backwards[i - warmup][0] * k + d)
+                if i - warmup >= d:
+                    dev.PayW()
+        dev.PayW(len(dev.owed))
+        devices.append(dev.acts)
+    return _Built(name, k, m, devices, v)
+
+
+def ZBV(num_devices: int, num_micro_batches: int) -> Schedule:
+    """ZB-V (Qi et al., 2024, section 6): zero bubble on the V placement, device d
+    running stages d and 2K-1-d. Warms up with 2(K-d)-1 forwards of its first stage,
+    d pairs of forwards (second stage, first), K-d rounds of F, I, W of its second
+    stage; then both stages' F, I, W in turn; the cool-down runs the I's first and
+    the W's after. Activation memory is 1F1B's; the bubble shrinks as ZB-H1's does."""
+    k, m = num_devices, num_micro_batches
+    devices = []
+    for d in range(k):
+        first, second = d, 2 * k - 1 - d
+        dev, n = _Device(m), max(2 * k - 1, m)
+        for _ in range(2 * (k - d) - 1):
+            dev.Add(FORWARD, first)
+        for _ in range(d):
+            dev.Add(FORWARD, second), dev.Add(FORWARD, first)
+        for _ in range(k - d):
+            dev.Add(FORWARD, second), dev.Add(BACKWARD_INPUT, second), dev.PayW()
+        while (
+            dev.next[(FORWARD, second)] < dev.next[(FORWARD, first)]
+            or dev.next[(FORWARD, first)] < n
+        ):
+            if dev.next[(FORWARD, first)] < n:
+                dev.Add(FORWARD, first)
+            dev.Add(BACKWARD_INPUT, first), dev.PayW()
+            dev.Add(FORWARD, second), dev.Add(BACKWARD_INPUT, second), dev.PayW()
+        for _ in range(d):
+            dev.Add(BACKWARD_INPUT, first), dev.Add(BACKWARD_INPUT, second)
+        for _ in range(k - d):
+            dev.Add(BACKWARD_INPUT, first)
+            dev.owed.sort(key=lambda a: a.stage != first)  # the first stage's W's go first
+            dev.PayW()
+        dev.owed.sort(key=lambda a: (a.stage == first, a.micro_batch))
+        dev.PayW(len(dev.owed))
+        devices.append(dev.acts)
+    return _Built("zbv", k, m, devices, placement=VPlacement(k))
+
+
+def DualPipeV(num_devices: int, num_micro_batches: int) -> Schedule:
+    """DeepSeek's DualPipeV (the V-shaped DualPipe, DeepSeek-V3 report): device d runs
+    stages d and 2K-1-d. Warm-up forwards of the first stage, pairs of forwards, then
+    the main phase: forward of one stage beside the backward of the other (DualPipe
+    overlaps the two; here they run one after the other on the device), whole
+    backwards B while the W's cannot fill a bubble, I and deferred W's where they can.
+    Needs M >= 2K."""
+    k, m = num_devices, num_micro_batches
+    if m < 2 * k:
+        raise ScheduleError(
+            f"schedule 'dualpipev': expected num_micro_batches >= 2 * num_stages = {2 * k} "
+            f"(its warm-up fills both stages of every device); received num_micro_batches={m}"
+        )
+    devices = []
+    for d in range(k):
+        first, second, dev = d, 2 * k - 1 - d, _Device(m)
+        for _ in range(2 * (k - d - 1)):
+            dev.Add(FORWARD, first)
+        for _ in range(d + 1):
+            dev.Add(FORWARD, first), dev.Add(FORWARD, second)
+        for _ in range(k - d - 1):
+            dev.Add(BACKWARD_INPUT, second), dev.PayW(), dev.Add(FORWARD, second)
+        for _ in range(m - 2 * k + d + 1):
+            dev.Add(FORWARD, first), dev.Add(BACKWARD, second)
+            dev.Add(FORWARD, second), dev.Add(BACKWARD, first)
+        for _ in range(k - d - 1):
+            dev.Add(BACKWARD, second), dev.Add(FORWARD, second), dev.Add(BACKWARD, first)
+        split = False
+        for i in range(d + 1):  # the second half of these backwards leave their W's for later
+            split = split or (i == (d + 1) // 2 and d % 2 == 1)
+            dev.Add(BACKWARD_INPUT if split else BACKWARD, second)
+            split = split or (i == (d + 1) // 2 and d % 2 == 0)
+            dev.Add(BACKWARD_INPUT if split else BACKWARD, first)
+        for _ in range(k - d - 1):
+            dev.PayW(), dev.Add(BACKWARD_INPUT if split else BACKWARD, first)
+        dev.PayW(len(dev.owed))
+        devices.append(dev.acts)
+    return _Built("dualpipev", k, m, devices, placement=VPlacement(k))
+
+
+_BUILDERS: dict[str, Callable[[int, int, int], Schedule]] = {
+    "gpipe": lambda k, m, v: GPipe(k, m),
+    "1f1b": lambda k, m, v: OneFOneB(k, m),
+    "interleaved_1f1b": Interleaved1F1B,
+    "zero_bubble": lambda k, m, v: ZeroBubble(k, m),
+    "zbv": lambda k, m, v: ZBV(k, m),
+    "looped_bfs": LoopedBFS,
+    "interleaved_zero_bubble": lambda k, m, v: ZeroBubble(k, m, v, "interleaved_zero_bubble"),
+    "dualpipev": lambda k, m, v: DualPipeV(k, m),
+    "forward_only": ForwardOnly,
+}
+
+
+def Make(
+    name: str, num_stages: int, num_micro_batches: int, num_virtual_stages: int = 1
+) -> Schedule:
+    """The schedule `name` for K = num_stages devices and M micro-batches, validated.
+
+    num_virtual_stages: v, stages per device, for the names in VIRTUAL; `zbv` and
+    `dualpipev` always run 2 (v may be 1 or 2); the others 1.
+
+    Raises:
+      ScheduleError: unknown name (with a suggestion), bad counts, or an M the
+        schedule cannot run.
+    """
+    if name not in SCHEDULES:
+        close = difflib.get_close_matches(str(name), SCHEDULES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ScheduleError(
+            f"schedule: unknown schedule {name!r}, expected one of {', '.join(SCHEDULES)}"
+            f" (or a Schedule, or the path of a CSV file){hint}"
+        )
+    _Check("num_stages", num_stages)
+    _Check("num_micro_batches", num_micro_batches)
+    _Check("num_virtual_stages", num_virtual_stages)
+    if num_virtual_stages > (2 if name in V_SHAPED else 1) and name not in VIRTUAL:
+        raise ScheduleError(
+            f"schedule {name!r}: num_virtual_stages={num_virtual_stages} needs one of "
+            f"{', '.join(VIRTUAL)}; {name!r} runs "
+            + (
+                "two stages per device (V placement)"
+                if name in V_SHAPED
+                else "one stage per device"
+            )
+        )
+    sched = _BUILDERS[name](num_stages, num_micro_batches, num_virtual_stages)
+    simulate.Simulate(sched)  # raises ScheduleError if it cannot run
+    return sched
+
+
+def Resolve(
+    spec: str | os.PathLike | Schedule,
+    num_devices: int,
+    num_micro_batches: int,
+    num_virtual_stages: int = 1,
+) -> Schedule:
+    """What `p.schedule` says, as a validated Schedule for K devices and M micro-batches.
+
+    Args:
+      spec: a name in SCHEDULES (built by Make with `num_virtual_stages`), a Schedule
+        value, or the path of a CSV file (FromCsv). A Schedule or a CSV file carries
+        its own stages and placement; it must be for `num_devices` devices and
+        `num_micro_batches` micro-batches.
+
+    Raises:
+      ScheduleError: unknown name, unreadable CSV, a schedule for other K or M (saying
+        received and expected), or one that cannot run (naming the action).
+    """
+    if isinstance(spec, str) and spec in SCHEDULES:
+        return Make(spec, num_devices, num_micro_batches, num_virtual_stages)
+    if isinstance(spec, (str, os.PathLike)) and not IsCsvPath(spec):
+        return Make(str(spec), num_devices, num_micro_batches, num_virtual_stages)
+    if isinstance(spec, Schedule):
+        sched, where = spec, f"Schedule {spec.name!r}"
+    elif isinstance(spec, (str, os.PathLike)):
+        sched, where = FromCsv(spec, num_micro_batches), f"CSV file {os.fspath(spec)}"
+    else:
+        raise ScheduleError(
+            f"schedule: expected a name in {', '.join(SCHEDULES)}, a Schedule or the path of "
+            f"a CSV file; received {type(spec).__name__} {spec!r}"
+        )
+    received = (sched.num_devices, sched.num_micro_batches)
+    if received != (num_devices, num_micro_batches):
+        raise ScheduleError(
+            f"schedule: {where} is for num_devices={received[0]}, "
+            f"num_micro_batches={received[1]}; expected num_devices={num_devices}, "
+            f"num_micro_batches={num_micro_batches}"
+        )
+    simulate.Simulate(sched)
+    return sched
+
+
+def IsCsvPath(spec: str | os.PathLike) -> bool:
+    """Whether `spec` names a CSV file (an existing file, or a name ending in .csv)."""
+    text = os.fspath(spec)
+    return os.path.isfile(text) or text.lower().endswith(".csv")
+
+
+def ForwardTicks(num_stages: int, num_micro_batches: int) -> list[list[tuple[int, int]]]:
+    """Fill-drain forward clock ticks: ticks[t] lists the (stage, micro_batch) pairs of t."""
+    ticks = []
+    for t in range(num_stages + num_micro_batches - 1):
+        ticks.append([(k, t - k) for k in range(num_stages) if 0 <= t - k < num_micro_batches])
+    return ticks
+
+
+def BubbleFraction(num_stages: int, num_micro_batches: int) -> float:
+    """Idle share of the fill-drain pipeline, (K - 1) / (M + K - 1), as in the GPipe paper."""
+    return (num_stages - 1) / (num_micro_batches + num_stages - 1)

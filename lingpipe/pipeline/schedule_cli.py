@@ -1,0 +1,53 @@
+"""`python -m lingpipe.pipeline.schedule`: a schedule's grid, bubble and peak alive.
+
+    python -m lingpipe.pipeline.schedule --schedule=zbv --num_stages=4 --num_micro_batches=8
+    python -m lingpipe.pipeline.schedule --csv=my_schedule.csv --png=/tmp/plan.png
+
+prints the grid (a row per device, a column per time unit, under F = I = W = 1,
+B = 2), a line `bubble N.N%`, and each device's idle share and peak alive
+micro-batches; `--list` adds each device's list, `--png` draws the plan. A schedule
+that cannot run exits with status 2 and says which action and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from lingpipe.pipeline import generators, simulate
+from lingpipe.pipeline.schedule import FromCsv, ScheduleError
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command on `argv` (default sys.argv); returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m lingpipe.pipeline.schedule")
+    names = ", ".join(generators.SCHEDULES)
+    parser.add_argument("--schedule", default="gpipe", help=f"one of {names}")
+    parser.add_argument("--num_stages", type=int, default=4, help="K, the devices")
+    parser.add_argument("--num_micro_batches", type=int, default=8, help="M")
+    parser.add_argument("--num_virtual_stages", type=int, default=1, help="v, stages per device")
+    parser.add_argument("--csv", default="", help="read the schedule from this CSV file instead")
+    parser.add_argument("--list", action="store_true", help="also print each device's list")
+    parser.add_argument("--png", default="", help="also draw the plan to this PNG file")
+    args = parser.parse_args(argv)
+    try:
+        if args.csv:
+            sched = FromCsv(args.csv)
+        else:
+            sched = generators.Make(
+                args.schedule, args.num_stages, args.num_micro_batches, args.num_virtual_stages
+            )
+        sim = simulate.Simulate(sched)
+    except (ScheduleError, OSError) as e:
+        print(f"lingpipe.pipeline.schedule: error: {e}")
+        return 2
+    print(simulate.Grid(sched, sim))
+    print()
+    print(simulate.Figures(sched, sim))
+    if args.list:
+        print()
+        print(sched)
+    if args.png:
+        from lingpipe.pipeline import plot  # matplotlib and TensorFlow only when drawing
+
+        print(f"\nwrote {plot.PlotSimulation(sched, sim, args.png)}")
+    return 0
