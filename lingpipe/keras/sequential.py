@@ -34,9 +34,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from lingpipe import base_layer, seeds
+from lingpipe.keras import model_base
 from lingpipe.layers import gpipe, keras_cell
-from lingpipe.nested_map import NestedMap
 
 
 def _SequentialInputShape(layers: Any) -> tuple | None:
@@ -46,8 +45,17 @@ def _SequentialInputShape(layers: Any) -> tuple | None:
     return None
 
 
+def _Config(layer: keras.layers.Layer) -> dict:
+    """The layer's config without its build config: a built layer (one of a Sequential
+    that starts with keras.Input) would otherwise come back built, and building it again
+    for the stage's device fails ("cannot add new elements of state")."""
+    config = dict(keras.layers.serialize(layer))
+    config.pop("build_config", None)
+    return config
+
+
 @keras.saving.register_keras_serializable(package="lingpipe")
-class PipelinedSequential(keras.Model):
+class PipelinedSequential(model_base.PipelineModel):
     """A keras.Model of Keras layers run in order as a pipeline (see the module docstring).
 
     Args:
@@ -75,12 +83,13 @@ class PipelinedSequential(keras.Model):
         input_shape: Sequence[int | None] | None = None,
         **kwargs: Any,
     ) -> None:
+        model_base.EnsureDevices(num_stages, devices, "PipelinedSequential")
         super().__init__(**kwargs)
         where = f"PipelinedSequential {self.name!r}"
         templates = keras_cell.KerasLayers(layers, where)
         if not templates:
             raise ValueError(f"{where}: expected at least one Keras layer, received none")
-        self._configs = [keras.layers.serialize(layer) for layer in templates]
+        self._configs = [_Config(layer) for layer in templates]
         self._knobs = dict(
             num_stages=num_stages,
             num_micro_batches=num_micro_batches,
@@ -90,10 +99,9 @@ class PipelinedSequential(keras.Model):
             num_virtual_stages=num_virtual_stages,
             partition=partition,
         )
-        object.__setattr__(self, "_pipeline", None)  # a tf.Module: kept out of Keras' tracking
         input_shape = input_shape if input_shape is not None else _SequentialInputShape(layers)
         if input_shape is not None:
-            self._BuildPipeline(tuple(input_shape))
+            self.BuildFor(keras.InputSpec(shape=(None, *input_shape), dtype=self.input_dtype))
 
     # ---- Building ---------------------------------------------------------------
 
@@ -112,7 +120,8 @@ class PipelinedSequential(keras.Model):
                 shape = keras_cell.OutputShape(layer, shape)
         return cells
 
-    def _BuildPipeline(self, input_shape: tuple) -> None:
+    def _MakePipeline(self, input_spec: Any) -> tuple[Any, list]:
+        input_shape = tuple(input_spec.shape[1:])
         knobs = dict(self._knobs)
         if knobs["partition"] in ("flops", "params"):
             knobs["input_shapes"] = [(1, *input_shape)]  # costs per example
@@ -121,122 +130,21 @@ class PipelinedSequential(keras.Model):
         )
         with tf.init_scope():
             pipeline = p.Instantiate()
-        object.__setattr__(self, "_pipeline", pipeline)
-        object.__setattr__(self, "_input_shape", input_shape)
-        # Tracked by Keras: their weights (the pipeline's variables) are the model's.
-        self.pipeline_layers = [layer for cell in pipeline.Cells() for layer in cell.keras_layers]
-        self.built = True
-        self._BuildOptimizer()
+        return pipeline, [layer for cell in pipeline.Cells() for layer in cell.keras_layers]
 
-    def compile(self, *args: Any, **kwargs: Any) -> None:
-        """keras.Model.compile; then, once the model is built, the optimizer's slots."""
-        super().compile(*args, **kwargs)
-        self._BuildOptimizer()
-
-    def get_compile_config(self) -> dict | None:
-        return super().get_compile_config()
-
-    def compile_from_config(self, config: dict) -> None:
-        """As keras.Model's (load_model calls it), with compile() building the slots."""
-        self.compile(**keras.saving.deserialize_keras_object(config))
-
-    def _BuildOptimizer(self) -> None:
-        """Builds the compiled optimizer eagerly, each slot on its weight's device.
-
-        Keras' own build (in fit) asks the distribution strategy to colocate each
-        slot, which puts every slot on CPU:0 here, far from the stages' weights.
-        """
-        opt = getattr(self, "optimizer", None)
-        if opt is None or opt.built or self._pipeline is None:
-            return
-        keras_add = opt.add_variable_from_reference
-
-        def Colocated(reference: Any, *args: Any, **kwargs: Any) -> Any:
-            device = (
-                reference.value if isinstance(reference, keras.Variable) else reference
-            ).device
-            with tf.device(device):
-                return keras_add(reference, *args, **kwargs)
-
-        opt.add_variable_from_reference = Colocated  # this optimizer's build only
-        try:
-            with tf.init_scope():
-                opt.build(self.trainable_variables)
-        finally:
-            del opt.add_variable_from_reference
-
-    def build(self, input_shape: Any) -> None:
-        """Builds the stages for inputs of `input_shape` ([batch, ...]), eagerly only."""
-        shape = tuple(tf.TensorShape(input_shape).as_list()[1:])
-        if not tf.executing_eagerly():
-            self._RaiseUnbuilt(shape)
-        self._BuildPipeline(shape)
-
-    def _RaiseUnbuilt(self, shape: tuple) -> None:
-        raise ValueError(
-            f"PipelinedSequential {self.name!r}: its stages are built eagerly, with explicit "
-            f"shapes, and it received none before being traced (by fit, evaluate or "
-            f"predict); pass input_shape={shape} (one example's shape), start a "
-            f"keras.Sequential with keras.Input, or call the model on a batch first"
-        )
-
-    @property
-    def pipeline(self) -> gpipe.PipeliningLayer:
-        """The PipeliningLayer that runs the layers (None before the model is built)."""
-        return self._pipeline
-
-    # ---- Running ----------------------------------------------------------------
-
-    def call(self, inputs: Any, training: bool | None = None) -> Any:
-        """inputs: [batch, *input_shape] -> the last layer's outputs [batch, ...]."""
-        if self._pipeline is None:
-            self._RaiseUnbuilt(tuple(inputs.shape[1:]))
-        with base_layer.EvalMode(not training):
-            return self._pipeline.FProp(self._pipeline.theta, inputs)
-
-    def _Gradients(self, out: NestedMap) -> list:
-        """The gradient of each of self.trainable_weights from ForwardBackward's result."""
-        grads = dict(out.variable_grads)
-        pipeline = self._pipeline
-        for v, g in zip(tf.nest.flatten(pipeline.theta), tf.nest.flatten(out.theta_grads)):
-            if g is not None:
-                grads[v.ref()] = g if v.ref() not in grads else grads[v.ref()] + g
-        return [grads.get(w.value.ref()) for w in self.trainable_weights]
-
-    def train_step(self, data: Any) -> dict:
-        """One batch through the pipeline's schedule; the compiled loss per micro-batch."""
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if self._pipeline is None:
-            self._RaiseUnbuilt(tuple(x.shape[1:]))
-        predictions = []
-
-        def LossFn(y_pred: Any, batch: NestedMap) -> NestedMap:
-            loss = self.compute_loss(
-                x=None, y=batch.y, y_pred=y_pred, sample_weight=batch.get("sample_weight")
-            )
-            if not base_layer.IsRecomputing():  # forwards run in micro-batch order
-                predictions.append(y_pred)
-            batch_size = tf.shape(tf.nest.flatten(y_pred)[0])[0]
-            return NestedMap(loss=(loss, tf.cast(batch_size, loss.dtype)))
-
-        loss_inputs = NestedMap(y=y)
-        if sample_weight is not None:
-            loss_inputs.sample_weight = sample_weight
-        pipeline = self._pipeline
-        with seeds.StepSeedScope(self.optimizer.iterations):
-            out = pipeline.ForwardBackward(pipeline.theta, x, LossFn, loss_inputs)
-        self.optimizer.apply(self._Gradients(out), self.trainable_weights)
-        loss, count = out.metrics.loss
-        self._loss_tracker.update_state(loss, sample_weight=count)
-        y_pred = tf.nest.map_structure(lambda *t: tf.concat(t, axis=0), *predictions)
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    def StageLayers(self) -> list[list[keras.layers.Layer]]:
+        cells = self.pipeline.Cells()
+        return [
+            [layer for i in idx for layer in cells[i].keras_layers]
+            for idx in self.pipeline.stage_cells
+        ]
 
     # ---- Saving -----------------------------------------------------------------
 
     def get_config(self) -> dict:
         config = dict(super().get_config(), layers=list(self._configs), **self._knobs)
-        shape = getattr(self, "_input_shape", None)
-        config["input_shape"] = None if shape is None else list(shape)
+        spec = self.input_spec_structure
+        config["input_shape"] = None if spec is None else list(spec.shape[1:])
         return config
 
     @classmethod

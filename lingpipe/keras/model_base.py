@@ -1,0 +1,347 @@
+"""PipelineModel: the keras.Model that Keras pipelines (PipelinedSequential, Pipeline) share.
+
+A subclass says how to build its pipeline; this class makes it a Keras model:
+
+    class MyPipelined(model_base.PipelineModel):
+        def __init__(self, ..., num_stages, devices=None, **kwargs):
+            model_base.EnsureDevices(num_stages, devices, "MyPipelined")  # before any TF work
+            super().__init__(**kwargs)
+            ...                                   # then self.BuildFor(spec) when it can
+        def _MakePipeline(self, input_spec):      # -> (pipeline, Keras layers holding its weights)
+        def StageLayers(self):                    # -> [[keras layer, ...] per stage]
+
+The pipeline object has `.theta` (its variables, nested), `.devices`,
+`FProp(theta, inputs)` (the pipelined forward) and `ForwardBackward(theta,
+inputs, loss_fn, loss_inputs)` -> NestedMap(metrics, theta_grads,
+variable_grads) (lingpipe.layers.gpipe.PipeliningLayer has exactly these). The
+Keras layers returned beside it are tracked by the model, so their weights (the
+pipeline's variables, on the stages' devices) are the model's weights:
+`get_weights`, `save_weights`, `ModelCheckpoint` and `.keras` files see them.
+
+What this class gives:
+  - `compile` builds the optimizer eagerly, each slot beside its weight.
+  - `call`, `evaluate`, `predict`: the pipelined forward (batch of any size).
+  - `fit`: each batch through ForwardBackward: the compiled loss (nested outputs,
+    per-output losses, loss weights, sample weights) per micro-batch on the last
+    stage, weighted by the micro-batch's size, so the step's loss and gradients
+    are those of the whole batch; metrics on the merged predictions.
+  - `export`, `tf.saved_model.save`: a serving function of the inputs' spec.
+  - `summary()` adds a table of the stages: device, layers, parameters.
+  - a `fit` (or evaluate, predict) that raised leaves no half-traced function behind.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from lingpipe import base_layer, cluster, seeds
+from lingpipe.nested_map import NestedMap
+
+
+def EnsureDevices(num_stages: int, devices: Sequence[str] | None, where: str) -> None:
+    """On a machine without accelerators, splits the CPU into the logical devices the
+    stages need (a fresh process loading a saved model, say); if TensorFlow has already
+    started with too few, one RuntimeError that says what to call first."""
+    if any(tf.config.list_physical_devices(kind) for kind in ("TPU", "GPU")):
+        return  # accelerators: cluster.StageDevices decides
+    needed = num_stages
+    if devices is not None:
+        found = [re.search(r"CPU:(\d+)$", str(d)) for d in devices]
+        if not all(found) or any(str(d).startswith("/job:") for d in devices):
+            return  # other hosts' devices: not ours to make
+        needed = max(int(m.group(1)) for m in found) + 1
+    if needed <= 1:
+        return
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current is not None and len(current) >= needed:
+        return
+    try:
+        cluster.SetLogicalCpuDevices(needed)
+    except RuntimeError:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have >= needed:
+            return
+        raise RuntimeError(
+            f"{where}: needs {needed} devices for its stages but this machine has no "
+            f"accelerator and TensorFlow has already started with {have} CPU device(s); "
+            f"call lingpipe.cluster.SetLogicalCpuDevices({needed}) at the top of the "
+            f"program, before any other TensorFlow work (keras.models.load_model included)"
+        ) from None
+
+
+class _NoLossMetrics:
+    """Stands in for CompileLoss' per-output loss metrics while a micro-batch's loss is
+    computed (they are updated once, on the whole batch): every metric is None."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self) -> Any:
+        return itertools.repeat(None)
+
+
+class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
+    """A keras.Model whose forward and training step run as a pipeline (see the module)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # tf.Modules and specs: kept out of Keras' tracking (the layers are tracked).
+        object.__setattr__(self, "_pipeline", None)
+        object.__setattr__(self, "_input_spec", None)
+
+    # ---- What a subclass provides --------------------------------------------------
+
+    @abc.abstractmethod
+    def _MakePipeline(self, input_spec: Any) -> tuple[Any, list]:
+        """Builds the pipeline, eagerly, for inputs described by `input_spec` (a
+        structure of keras.InputSpec, batch dim None). Returns (pipeline, layers): the
+        Keras layers whose weights are the pipeline's variables."""
+
+    @abc.abstractmethod
+    def StageLayers(self) -> list[list[keras.layers.Layer]]:
+        """The Keras layers each stage runs, stage by stage (for summary())."""
+
+    # ---- Building ------------------------------------------------------------------
+
+    @property
+    def pipeline(self) -> Any:
+        """The pipeline that runs the model (None before the model is built)."""
+        return self._pipeline
+
+    @property
+    def input_spec_structure(self) -> Any:
+        """The inputs' spec (keras.InputSpec, batch None) the stages were built for."""
+        return self._input_spec
+
+    def BuildFor(self, input_spec: Any) -> None:
+        """Builds the pipeline for `input_spec` (see _MakePipeline), then the optimizer."""
+        pipeline, layers = self._MakePipeline(input_spec)
+        object.__setattr__(self, "_pipeline", pipeline)
+        object.__setattr__(self, "_input_spec", input_spec)
+        # Tracked by Keras: their weights (the pipeline's variables) are the model's.
+        self.pipeline_layers = list(layers)
+        # What Keras' export and SavedModel read for a subclassed model's signature.
+        object.__setattr__(self, "_build_shapes_dict", {"input_shape": self._InputShapes()})
+        self.built = True
+        self._BuildOptimizer()
+
+    def _InputShapes(self) -> Any:
+        return keras.tree.map_structure(lambda s: tuple(s.shape), self._input_spec)
+
+    def build(self, input_shape: Any) -> None:
+        """Builds the stages for inputs of `input_shape` ([batch, ...], nested as the
+        inputs are), eagerly only."""
+        spec = keras.tree.map_shape_structure(
+            lambda s: keras.InputSpec(shape=(None, *tuple(s)[1:]), dtype=self.input_dtype),
+            input_shape,
+        )
+        if not tf.executing_eagerly():
+            self._RaiseUnbuilt(spec)
+        self.BuildFor(spec)
+
+    def _RaiseUnbuilt(self, inputs: Any) -> None:
+        shapes = keras.tree.map_structure(lambda t: tuple(t.shape[1:]), inputs)
+        raise ValueError(
+            f"{type(self).__name__} {self.name!r}: its stages are built eagerly, with explicit "
+            f"shapes, and it received none before being traced (by fit, evaluate or "
+            f"predict); pass input_shape={shapes} (one example's shape), start a "
+            f"keras.Sequential with keras.Input, or call the model on a batch first"
+        )
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """keras.Model.compile; then, once the model is built, the optimizer's slots."""
+        super().compile(*args, **kwargs)
+        self._BuildOptimizer()
+
+    def compile_from_config(self, config: dict) -> None:
+        """As keras.Model's (load_model calls it), with compile() building the slots."""
+        self.compile(**keras.saving.deserialize_keras_object(config))
+
+    def _BuildOptimizer(self) -> None:
+        """Builds the compiled optimizer eagerly, each slot on its weight's device.
+
+        Keras' own build (in fit) asks the distribution strategy to colocate each
+        slot, which puts every slot on CPU:0 here, far from the stages' weights.
+        """
+        opt = getattr(self, "optimizer", None)
+        if opt is None or opt.built or self._pipeline is None:
+            return
+        keras_add = opt.add_variable_from_reference
+
+        def Colocated(reference: Any, *args: Any, **kwargs: Any) -> Any:
+            device = (
+                reference.value if isinstance(reference, keras.Variable) else reference
+            ).device
+            with tf.device(device):
+                return keras_add(reference, *args, **kwargs)
+
+        opt.add_variable_from_reference = Colocated  # this optimizer's build only
+        try:
+            with tf.init_scope():
+                opt.build(self.trainable_variables)
+        finally:
+            del opt.add_variable_from_reference
+
+    # ---- Running -------------------------------------------------------------------
+
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        """inputs: [batch, ...] (nested as the model's) -> outputs [batch, ...]."""
+        if self._pipeline is None:
+            self._RaiseUnbuilt(inputs)
+        with base_layer.EvalMode(not training):
+            return self._pipeline.FProp(self._pipeline.theta, inputs)
+
+    def _Gradients(self, out: NestedMap) -> list:
+        """The gradient of each of self.trainable_weights from ForwardBackward's result."""
+        grads = dict(out.variable_grads)
+        pipeline = self._pipeline
+        for v, g in zip(tf.nest.flatten(pipeline.theta), tf.nest.flatten(out.theta_grads)):
+            if g is not None:
+                grads[v.ref()] = g if v.ref() not in grads else grads[v.ref()] + g
+        return [grads.get(w.value.ref()) for w in self.trainable_weights]
+
+    def _MicroBatchLoss(self, y: Any, y_pred: Any, sample_weight: Any) -> tf.Tensor:
+        """The compiled loss of one micro-batch, its per-output loss metrics left alone
+        (train_step updates them once, on the whole batch, as Keras' own step does)."""
+        compile_loss = self._compile_loss
+        if compile_loss is None or not compile_loss.built or not compile_loss.metrics:
+            return self.compute_loss(y=y, y_pred=y_pred, sample_weight=sample_weight)
+        kept = compile_loss._metrics  # noqa: SLF001 (CompileLoss reads it in call())
+        compile_loss._metrics = _NoLossMetrics()  # noqa: SLF001
+        try:
+            return self.compute_loss(y=y, y_pred=y_pred, sample_weight=sample_weight)
+        finally:
+            compile_loss._metrics = kept  # noqa: SLF001
+
+    def train_step(self, data: Any) -> dict:
+        """One batch through the pipeline's schedule; the compiled loss per micro-batch."""
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if self._pipeline is None:
+            self._RaiseUnbuilt(x)
+        batch = tf.shape(tf.nest.flatten(x)[0])[0]
+        predictions, rows, structure = [], [], []
+
+        def LossFn(y_pred: Any, micro: NestedMap) -> NestedMap:
+            loss = self._MicroBatchLoss(micro.y, y_pred, micro.get("sample_weight"))
+            if not base_layer.IsRecomputing():
+                structure[:] = [y_pred]
+                predictions.append(tf.nest.flatten(y_pred))
+                rows.append(micro.row)
+            size = tf.shape(micro.row)[0]
+            return NestedMap(loss=(loss, tf.cast(size, loss.dtype)))
+
+        # Each example's row: the merged predictions keep the batch's order whatever
+        # order the last stage's forwards ran in.
+        loss_inputs = NestedMap(y=y, row=tf.range(batch))
+        if sample_weight is not None:
+            loss_inputs.sample_weight = sample_weight
+        pipeline = self._pipeline
+        with seeds.StepSeedScope(self.optimizer.iterations):
+            out = pipeline.ForwardBackward(pipeline.theta, x, LossFn, loss_inputs)
+        self.optimizer.apply(self._Gradients(out), self.trainable_weights)
+        loss, count = out.metrics.loss
+        self._loss_tracker.update_state(loss, sample_weight=count)
+        flat = [tf.dynamic_stitch(rows, list(leaf)) for leaf in zip(*predictions)]
+        y_pred = tf.nest.pack_sequence_as(structure[0], flat)
+        if self._compile_loss is not None and self._compile_loss.metrics:
+            self._compile_loss(y, y_pred, sample_weight)  # the per-output loss metrics
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    # ---- The user's cycle ----------------------------------------------------------
+
+    def _DropTracedFunctions(self) -> None:
+        """Forgets fit's, evaluate's and predict's traced functions: after a trace that
+        raised, Keras would call the same tf.function again, which then refuses to create
+        the variables its first, failed trace had begun ("Creating variables on a
+        non-first call"); a fresh one traces from scratch."""
+        self.train_function = self.test_function = self.predict_function = None
+
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().fit(*args, **kwargs)
+        except BaseException:
+            self._DropTracedFunctions()
+            raise
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().evaluate(*args, **kwargs)
+        except BaseException:
+            self._DropTracedFunctions()
+            raise
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().predict(*args, **kwargs)
+        except BaseException:
+            self._DropTracedFunctions()
+            raise
+
+    def _ServingSignature(self) -> list:
+        """[the inputs' structure of tf.TensorSpec (batch None)]: one positional argument."""
+        if self._input_spec is None:
+            raise ValueError(
+                f"{type(self).__name__} {self.name!r}: it has no stages yet, so nothing to "
+                f"export; build it first (input_shape=..., or call it on a batch)"
+            )
+        return [
+            keras.tree.map_structure(
+                lambda s: tf.TensorSpec((None, *s.shape[1:]), s.dtype or self.input_dtype),
+                self._input_spec,
+            )
+        ]
+
+    def export(
+        self, filepath: Any, format: str = "tf_saved_model", verbose: Any = None, **kwargs: Any
+    ) -> None:
+        """keras.Model.export, with the signature of the inputs the stages were built for
+        (Keras finds none for a subclassed model until it has been called)."""
+        if kwargs.get("input_signature") is None:
+            kwargs["input_signature"] = self._ServingSignature()
+        super().export(filepath, format=format, verbose=verbose, **kwargs)
+
+    @property
+    def _default_save_signature(self) -> Any:
+        """tf.saved_model.save's 'serving_default': the pipelined forward, for inference."""
+        if self._input_spec is None:
+            return None
+
+        @tf.function(input_signature=self._ServingSignature())
+        def serving_default(inputs: Any) -> Any:
+            return self(inputs, training=False)
+
+        return serving_default
+
+    def summary(self, *args: Any, print_fn: Any = None, **kwargs: Any) -> None:
+        """keras.Model.summary, then a table of the stages: device, Keras layers, params."""
+        super().summary(*args, print_fn=print_fn, **kwargs)
+        if self._pipeline is not None:
+            (print_fn or print)(self.StagesTable())
+
+    def StagesTable(self) -> str:
+        """One row per stage: its device, its Keras layers (by name) and their parameters."""
+        devices = self._pipeline.devices
+        rows = [("stage", "device", "params", "layers")]
+        for k, layers in enumerate(self.StageLayers()):
+            weights = {id(w): w for layer in layers for w in layer.weights}
+            params = sum(_Size(w) for w in weights.values())
+            names = ", ".join(layer.name for layer in layers)
+            rows.append((str(k), devices[k % len(devices)], f"{params:,}", names))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
+        return f"Pipeline stages of {self.name!r}:\n" + "\n".join(lines)
+
+
+def _Size(weight: Any) -> int:
+    size = 1
+    for d in weight.shape:
+        size *= int(d)
+    return size
