@@ -350,13 +350,19 @@ class PipeliningLayer(base_layer.BaseLayer):
 
     # ---- Computation --------------------------------------------------------
 
-    def _NumMicroBatches(self, batch: int) -> int:
+    def _NumMicroBatches(self, batch: micro_batch.Size) -> int:
         p = self.params
-        if p.micro_batch_size is not None:
-            return -(-batch // p.micro_batch_size)
-        return p.num_micro_batches
+        if p.micro_batch_size is None:
+            return p.num_micro_batches
+        if not isinstance(batch, int):
+            raise ValueError(
+                f"{self.path}: micro_batch_size={p.micro_batch_size} needs a batch size known "
+                "at trace time, received a batch of unknown size (None); set "
+                "num_micro_batches instead, or give the inputs a static batch"
+            )
+        return -(-batch // p.micro_batch_size)
 
-    def _Sizes(self, args: tuple) -> list[int]:
+    def _Sizes(self, args: tuple) -> list[micro_batch.Size]:
         """Micro-batch sizes for these inputs (validates the batch)."""
         batch = micro_batch.BatchSize(args, self.params.batch_dim, self.path)
         shapes = tf.nest.map_structure(lambda t: getattr(t, "shape", None), args)

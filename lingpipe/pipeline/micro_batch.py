@@ -1,10 +1,13 @@
 """Splitting a batch into micro-batches and merging them back, for any nested structure.
 
-A leaf is *batched* when its static size along `batch_dim` equals the batch size
-(the size that most leaves share along batch_dim); it is split into M micro-batches
-whose sizes differ by at most one (the first `batch % M` get one row more), so
-nothing is dropped or padded. Every other leaf (scalars, per-model constants)
-goes whole to every micro-batch.
+The batch is the size along `batch_dim` that most tensor leaves share; when that
+size is unknown at trace time (a `tf.function` with batch None, the partial last
+batch of an epoch, a replica's share under tf.distribute) it is a scalar int32
+tensor read at run time. A leaf is *batched* when its size along batch_dim is the
+batch's or unknown (an unknown size is presumed to be the batch): it is split into
+M micro-batches whose sizes differ by at most one (the first `batch % M` get one
+row more), so nothing is dropped or padded. Every other leaf (scalars, per-model
+constants with a static size) goes whole to every micro-batch.
 """
 
 from __future__ import annotations
@@ -13,34 +16,39 @@ from typing import Any
 
 import tensorflow as tf
 
+Size = int | tf.Tensor  # a static size, or a scalar int32 tensor known at run time
 
-def BatchSize(structure: Any, batch_dim: int, where: str = "pipeline") -> int:
-    """The static batch size: the size along batch_dim that most tensor leaves share.
+
+def _Leaves(structure: Any, batch_dim: int) -> list[tuple[int, Any]]:
+    return [
+        (i, leaf)
+        for i, leaf in enumerate(tf.nest.flatten(structure))
+        if isinstance(leaf, (tf.Tensor, tf.Variable))
+        and leaf.shape.rank is not None
+        and leaf.shape.rank > batch_dim
+    ]
+
+
+def BatchSize(structure: Any, batch_dim: int, where: str = "pipeline") -> Size:
+    """The batch size: the size along batch_dim that most tensor leaves share.
 
     Ties go to the leaf that comes first in tf.nest order, so a lone table or
     constant with some other size (a [1, vocab, dims] shared weight, say) never
-    decides the batch, whatever its name.
+    decides the batch, whatever its name. When the deciding size is unknown at
+    trace time, the batch is `tf.shape(leaf)[batch_dim]` of the first such leaf.
     """
-    sizes: list[int] = []
-    for i, leaf in enumerate(tf.nest.flatten(structure)):
-        if not isinstance(leaf, (tf.Tensor, tf.Variable)) or leaf.shape.rank is None:
-            continue
-        if leaf.shape.rank > batch_dim:
-            size = leaf.shape[batch_dim]
-            if size is None:
-                raise ValueError(
-                    f"{where}: the batch dimension (batch_dim={batch_dim}) of input leaf {i} "
-                    f"is unknown at trace time (shape {leaf.shape}); the pipeline needs a "
-                    f"static batch size: give tf.function an input_signature with a fixed "
-                    f"batch, or use drop_remainder=True in tf.data"
-                )
-            sizes.append(int(size))
-    if not sizes:
+    leaves = _Leaves(structure, batch_dim)
+    if not leaves:
         raise ValueError(
             f"{where}: no input tensor has a dimension batch_dim={batch_dim} to split into "
             f"micro-batches; received {tf.nest.map_structure(Describe, structure)}"
         )
-    return max(dict.fromkeys(sizes), key=sizes.count)
+    sizes = [leaf.shape[batch_dim] for _, leaf in leaves]
+    size = max(dict.fromkeys(sizes), key=sizes.count)
+    if size is not None:
+        return int(size)
+    leaf = next(leaf for _, leaf in leaves if leaf.shape[batch_dim] is None)
+    return tf.shape(leaf, out_type=tf.int32)[batch_dim]
 
 
 def Describe(x: Any) -> str:
@@ -48,32 +56,59 @@ def Describe(x: Any) -> str:
     return f"{x.dtype.name}{list(x.shape)}" if hasattr(x, "shape") else repr(x)
 
 
-def Sizes(batch: int, num_micro_batches: int, where: str = "pipeline") -> list[int]:
-    """Micro-batch sizes: as even as possible, the larger ones first."""
-    if num_micro_batches < 1 or num_micro_batches > batch:
+def Sizes(batch: Size, num_micro_batches: int, where: str = "pipeline") -> list[Size]:
+    """Micro-batch sizes: as even as possible, the larger ones first.
+
+    Python ints for a static batch; for a batch known only at run time, M scalar
+    int32 tensors, after a run-time check that batch >= M.
+    """
+    if num_micro_batches < 1 or (isinstance(batch, int) and num_micro_batches > batch):
         raise ValueError(
             f"{where}: expected 1 <= num_micro_batches <= batch size, received "
             f"num_micro_batches={num_micro_batches}, batch={batch}"
         )
-    base, extra = divmod(batch, num_micro_batches)
-    return [base + 1 if i < extra else base for i in range(num_micro_batches)]
+    if isinstance(batch, int):
+        base, extra = divmod(batch, num_micro_batches)
+        return [base + 1 if i < extra else base for i in range(num_micro_batches)]
+    message = tf.strings.format(
+        f"{where}: batch {{}} is smaller than num_micro_batches={num_micro_batches}; give "
+        f"batches of at least {num_micro_batches} rows or lower num_micro_batches",
+        batch,
+    )
+    check = tf.debugging.Assert(batch >= num_micro_batches, [message], summarize=1)
+    with tf.control_dependencies([check]):
+        batch = tf.identity(batch)
+    base, extra = batch // num_micro_batches, batch % num_micro_batches
+    return [base + tf.cast(i < extra, tf.int32) for i in range(num_micro_batches)]
 
 
-def IsBatched(leaf: Any, batch: int, batch_dim: int) -> bool:
-    return (
+def IsBatched(leaf: Any, batch: Size, batch_dim: int) -> bool:
+    """Whether `leaf` has the batch along batch_dim: its static size is `batch`, or unknown."""
+    if not (
         isinstance(leaf, (tf.Tensor, tf.Variable))
         and leaf.shape.rank is not None
         and leaf.shape.rank > batch_dim
-        and leaf.shape[batch_dim] == batch
-    )
+    ):
+        return False
+    size = leaf.shape[batch_dim]
+    return size is None or (isinstance(batch, int) and size == batch)
 
 
-def Split(structure: Any, sizes: list[int], batch_dim: int) -> list[Any]:
+def _Total(sizes: list[Size]) -> Size:
+    return sum(sizes) if all(isinstance(s, int) for s in sizes) else tf.add_n(sizes)
+
+
+def Split(structure: Any, sizes: list[Size], batch_dim: int) -> list[Any]:
     """M structures like `structure`, batched leaves cut along batch_dim by `sizes`."""
-    batch = sum(sizes)
+    if len(sizes) == 1:
+        return [structure]
+    batch = _Total(sizes)
+    splits = sizes if isinstance(batch, int) else tf.stack(sizes)
     flat = tf.nest.flatten(structure)
     per_leaf = [
-        tf.split(leaf, sizes, axis=batch_dim) if IsBatched(leaf, batch, batch_dim) else None
+        tf.split(leaf, splits, num=len(sizes), axis=batch_dim)
+        if IsBatched(leaf, batch, batch_dim)
+        else None
         for leaf in flat
     ]
     out = []
@@ -83,7 +118,7 @@ def Split(structure: Any, sizes: list[int], batch_dim: int) -> list[Any]:
     return out
 
 
-def Merge(micro_outputs: list[Any], sizes: list[int], batch_dim: int) -> Any:
+def Merge(micro_outputs: list[Any], sizes: list[Size], batch_dim: int) -> Any:
     """Inverse of Split for outputs: batched leaves concatenated in order along batch_dim.
 
     A leaf that is not batched in every micro-batch (a per-micro-batch scalar, say)
@@ -102,7 +137,7 @@ def Merge(micro_outputs: list[Any], sizes: list[int], batch_dim: int) -> Any:
 
 
 def MergeGradients(
-    micro_grads: list[list], structure: Any, sizes: list[int], batch_dim: int
+    micro_grads: list[list], structure: Any, sizes: list[Size], batch_dim: int
 ) -> Any:
     """The gradient of `structure`'s leaves from the gradients of its micro-batches.
 
@@ -110,16 +145,15 @@ def MergeGradients(
     `structure`. A batched leaf's gradient is its micro-batches' concatenated; a
     leaf handed whole to every micro-batch gets their sum; None stays None.
     """
-    batch = sum(sizes)
+    batch = _Total(sizes)
     merged = []
     for i, leaf in enumerate(tf.nest.flatten(structure)):
         parts = [grads[i] for grads in micro_grads]
+        batched = len(parts) > 1 and IsBatched(leaf, batch, batch_dim)
         if any(g is None for g in parts):
             present = [g for g in parts if g is not None]
-            merged.append(
-                tf.add_n(present) if present and not IsBatched(leaf, batch, batch_dim) else None
-            )
-        elif IsBatched(leaf, batch, batch_dim) and len(parts) > 1:
+            merged.append(tf.add_n(present) if present and not batched else None)
+        elif batched:
             merged.append(tf.concat(parts, axis=batch_dim))
         else:
             merged.append(parts[0] if len(parts) == 1 else tf.add_n(parts))

@@ -220,3 +220,30 @@ def test_eager_equals_function():
     x = tf.random.normal([8, DIMS])
     AssertSame(*PipelineAndReference(pipe, (x,), use_function=False))
     test_utils.AssertEagerEqualsFunction(lambda t: pipe(t), x, atol=1e-5)
+
+
+@pytest.mark.parametrize("remat", ["always", "except_last"])
+def test_unknown_batch_is_split_at_run_time(remat):
+    """One trace with batch None serves batches 10 and 7 (M=4): FProp and its gradient,
+    ForwardBackward and FPropSequential all equal the reference of that batch."""
+    pipe = Pipeline([Mlp()] * 4, 2, 4, remat)
+    spec = [tf.TensorSpec([None, DIMS])]
+
+    @tf.function(input_signature=spec, autograph=False)
+    def Step(x):
+        with tf.GradientTape() as tape:
+            loss = SquareLoss(pipe.FProp(pipe.theta, x))
+        out = pipe.ForwardBackward(pipe.theta, (x,), lambda y, _: {"loss": (SquareLoss(y), 1.0)})
+        grads = tape.gradient(loss, pipe.trainable_variables)
+        return loss, grads, out.metrics.loss[0], pipe.FPropSequential(pipe.theta, x)
+
+    for batch in (10, 7):
+        x = tf.random.normal([batch, DIMS])
+        loss, grads, fb_loss, sequential_out = Step(x)
+        _, want_loss, want_grads = PipelineAndReference(pipe, (x,), use_function=False)[1]
+        np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+        np.testing.assert_allclose(fb_loss, want_loss / 4, rtol=1e-5)  # mean of 4 losses
+        for g, w in zip(grads, want_grads):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        test_utils.AssertAllCloseToScale(sequential_out, PlainStack(pipe, x))
+    assert Step.experimental_get_tracing_count() == 1

@@ -66,13 +66,23 @@ def test_more_micro_batches_than_rows():
         pipe(tf.ones([5, DIMS]))
 
 
-def test_batch_dimension_unknown_at_trace_time():
-    pipe = Pipeline([Mlp()] * 2, 2, 2)
+def test_batch_smaller_than_micro_batches_at_run_time_says_so_in_one_line():
+    pipe = Pipeline([Mlp()] * 2, 2, 4)
+    fn = tf.function(lambda x: pipe(x), input_signature=[tf.TensorSpec([None, DIMS])])
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        fn(tf.ones([3, DIMS]))
+    line = "pipe: batch 3 is smaller than num_micro_batches=4; give batches of at least 4 rows"
+    lines = [ln for ln in str(info.value).splitlines() if "pipe: batch" in ln]
+    assert lines and all(ln.endswith(f"[{line} or lower num_micro_batches]") for ln in lines)
+
+
+def test_micro_batch_size_needs_a_known_batch():
+    pipe = Pipeline([Mlp()] * 2, 2, 1, micro_batch_size=2)
     fn = tf.function(lambda x: pipe(x), input_signature=[tf.TensorSpec([None, DIMS])])
     with pytest.raises(
         ValueError,
-        match=r"pipe: the batch dimension \(batch_dim=0\) of input "
-        r"leaf 0 is unknown at trace time",
+        match=r"pipe: micro_batch_size=2 needs a batch size known at trace time, received a "
+        r"batch of unknown size \(None\)",
     ):
         fn.get_concrete_function()
 

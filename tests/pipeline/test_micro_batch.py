@@ -66,13 +66,28 @@ def test_batch_size_errors():
     with pytest.raises(ValueError, match="no input tensor has a dimension batch_dim=1"):
         micro_batch.BatchSize((tf.ones([3]),), 1, "pipe")
 
-    @tf.function(input_signature=[tf.TensorSpec([None, 4])])
-    def Unknown(x):
-        return micro_batch.BatchSize((x,), 0, "pipe")
 
+def test_unknown_batch_is_read_at_run_time_and_split_evenly():
+    @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([4])])
+    def SplitMerge(x, per_model):
+        batch = micro_batch.BatchSize((x, per_model), 0, "pipe")
+        assert isinstance(batch, tf.Tensor)  # unknown at trace time
+        sizes = micro_batch.Sizes(batch, 4, "pipe")
+        parts = micro_batch.Split((x, per_model), sizes, 0)
+        assert all(p[1] is per_model for p in parts)  # a static non-batch size stays whole
+        merged = micro_batch.Merge([p[0] for p in parts], sizes, 0)
+        grads = micro_batch.MergeGradients([[p[0], p[1]] for p in parts], (x, per_model), sizes, 0)
+        return [tf.shape(p[0])[0] for p in parts], merged, grads[1]
+
+    x = tf.reshape(tf.range(40.0), [10, 4])
+    rows, merged, per_model_grad = SplitMerge(x, tf.ones([4]))
+    assert [int(r) for r in rows] == [3, 3, 2, 2]
+    np.testing.assert_array_equal(merged.numpy(), x.numpy())
+    np.testing.assert_array_equal(per_model_grad.numpy(), [4.0] * 4)  # summed over 4
+    rows, _, _ = SplitMerge(x[:7], tf.ones([4]))
+    assert [int(r) for r in rows] == [2, 2, 2, 1]
     with pytest.raises(
-        ValueError,
-        match=r"pipe: the batch dimension \(batch_dim=0\) of input "
-        r"leaf 0 is unknown at trace time",
+        tf.errors.InvalidArgumentError,
+        match="pipe: batch 3 is smaller than num_micro_batches=4; give batches of at least 4",
     ):
-        Unknown.get_concrete_function()
+        SplitMerge(x[:3], tf.ones([4]))
