@@ -93,13 +93,59 @@ def SplitOverrides(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+# Methods a class must override to be instantiable: the bases raise TypeError in them.
+_MUST_DEFINE = {
+    "lingpipe.schedules.BaseSchedule": "_Value",
+    "lingpipe.optimizers.BaseOptimizer": "_CreateKerasOptimizer",
+}
+_DTYPE_PARAMS = ("dtype", "fprop_dtype")
+_SEED_PARAMS = ("random_seed", "seed")
+
+
+def _ValueProblem(name: str, value: object) -> str | None:
+    """What is wrong with `value` for the param `name` (dotted) that the params' own
+    type check lets through, or None: a dtype that is no floating-point dtype, a seed
+    that is no integer, a class left abstract (it would fail only once built)."""
+    import inspect
+
+    from lingpipe import params_text
+
+    leaf = name.rsplit(".", 1)[-1]
+    text = params_text.ClassName(value) if isinstance(value, type) else params_text.TextOf(value)
+    if leaf in _DTYPE_PARAMS and value is not None:
+        if not (params_text.IsDType(value) and value.is_floating):
+            return (
+                f"{name}: expected a floating-point dtype (tf.float32, tf.bfloat16, tf.float16, "
+                f"tf.float64) or None, received {text}"
+            )
+    if leaf in _SEED_PARAMS and value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"{name}: expected an integer >= 0 or None, received {text}"
+    if isinstance(value, type):
+        for base in value.__mro__:
+            method = _MUST_DEFINE.get(params_text.ClassName(base))
+            if method and getattr(value, method) is getattr(base, method):
+                return (
+                    f"{name}: expected a class that defines {method} (a subclass of "
+                    f"{params_text.ClassName(base)}), received {text}, which does not"
+                )
+        if inspect.isabstract(value):
+            return f"{name}: expected a concrete class, received {text}, which is abstract"
+    return None
+
+
 def _Apply(p: hyperparams.Params, text: str, source: str) -> None:
     """Applies `name : value` assignments in order; raises UsageError naming `source`."""
+    from lingpipe import params_text
+
     for assignment in SplitOverrides(text):
         try:
             p.FromText(assignment)
         except (AttributeError, ValueError, TypeError) as e:
             raise UsageError(f"{source}: cannot apply {assignment!r}: {e}") from None
+        parts = params_text.SplitLine(assignment)
+        if parts is not None and (problem := _ValueProblem(parts[0], p.Get(parts[0]))):
+            raise UsageError(f"{source}: {problem}")
 
 
 def _CheckPositive(value: int, flag: str) -> None:

@@ -115,3 +115,46 @@ def test_a_glob_named_checkpoint_dir_keeps_only_max_to_keep_and_urls_are_refused
     ]
     with pytest.raises(startup.UsageError, match=r"--logdir=ram://runs/lr\[0.1\]: expected a URL"):
         startup.CheckLogdir("ram://runs/lr[0.1]")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "fprop_dtype : lingpipe.optimizers.Adam",
+            "--params_override: fprop_dtype: expected a floating-point dtype (tf.float32, "
+            "tf.bfloat16, tf.float16, tf.float64) or None, received lingpipe.optimizers.Adam",
+        ),
+        (
+            "dtype : tf.string",
+            "--params_override: dtype: expected a floating-point dtype (tf.float32, "
+            "tf.bfloat16, tf.float16, tf.float64) or None, received tf.string",
+        ),
+        (
+            "train.lr_schedule.cls : lingpipe.schedules.BaseSchedule",
+            "--params_override: train.lr_schedule.cls: expected a class that defines "
+            "_Value (a subclass of lingpipe.schedules.BaseSchedule), received "
+            "lingpipe.schedules.BaseSchedule, which does not",
+        ),
+        (
+            "train.optimizer.cls : lingpipe.optimizers.BaseOptimizer",
+            "--params_override: train.optimizer.cls: expected a class that defines "
+            "_CreateKerasOptimizer (a subclass of lingpipe.optimizers.BaseOptimizer), "
+            "received lingpipe.optimizers.BaseOptimizer, which does not",
+        ),
+        (
+            "random_seed : 1.5",
+            "--params_override: random_seed: expected an integer >= 0 or None, received 1.5",
+        ),
+    ],
+)
+def test_bad_param_values_are_refused_in_one_line_before_anything_is_written(
+    capsys, tmp_path, override, message
+):
+    from test_trainer_main import Main, _AssertRefused
+
+    logdir = tmp_path / "run"
+    status, lines = Main(capsys, f"--logdir={logdir}", f"--params_override={override}")
+    _AssertRefused(status, lines, message)
+    assert lines[-1] == f"lingpipe.trainer: error: {message}"
+    assert not logdir.exists()
