@@ -15,8 +15,19 @@ import numpy as np
 import tensorflow as tf
 
 from lingpipe import base_layer, hyperparams
-from lingpipe.layers import sequential
 from lingpipe.nested_map import NestedMap
+
+
+def _Shape(shape: Any) -> Any:
+    """A shape-like as tf.TensorShape; NestedMaps (and dicts) of shapes keep their structure."""
+    if isinstance(shape, dict):
+        return NestedMap({k: _Shape(v) for k, v in shape.items()})
+    return base_layer.ToShape(shape)
+
+
+def _AsArgs(outputs: Any) -> tuple:
+    """The positional arguments that a cell's outputs become for the next cell."""
+    return outputs if isinstance(outputs, tuple) else (outputs,)
 
 
 def CellMetas(
@@ -28,10 +39,12 @@ def CellMetas(
 
     Returns one NestedMap per cell: flops, num_params, in_shapes, out_shapes.
     """
-    shapes = tuple(sequential.NormShape(s) for s in input_shapes)
+    shapes = tuple(_Shape(s) for s in input_shapes)
     metas = []
     for i, p in enumerate(cell_params):
-        meta = sequential.ChainMeta(parent_p, [p], shapes)
+        # The cell as the parent builds it: it inherits the parent's base params.
+        child_p = base_layer.BaseLayer.CopyBaseParams(parent_p, p.Copy())
+        meta = child_p.cls.FPropMeta(child_p, *shapes)
         if meta is None:
             raise ValueError(f"cell {i} ({p.cls.__name__}) FPropMeta returned nothing")
         metas.append(
@@ -106,5 +119,5 @@ def ProfileCells(
             tf.nest.map_structure(lambda t: t.numpy(), Step(*args))
             best = min(best, time.perf_counter() - start)
         seconds.append(best)
-        args = sequential.AsArgs(out)
+        args = _AsArgs(out)
     return seconds
