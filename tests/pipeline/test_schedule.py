@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from lingpipe.pipeline import generators, schedule, simulate
-from lingpipe.pipeline.schedule import Action, ScheduleError
+from lingpipe.pipeline.schedule import Action, Schedule, ScheduleError
 
 
 def _Runs(name, k, m, v):
@@ -191,3 +191,85 @@ def test_command_prints_the_grid_and_figures():
     )  # fmt: skip
     assert bad.returncode == 2
     assert "unknown schedule 'pipedream'" in bad.stdout
+
+
+def Bubble(name, k=4, m=8, v=1):
+    return simulate.Simulate(generators.Make(name, k, m, v)).bubble
+
+
+def test_zbv_runs_two_stages_per_device_in_a_v_at_or_below_torchs_bubble():
+    sched = generators.Make("zbv", 4, 8)
+    assert sched.num_stages == 8 and sched.stage_devices == (0, 1, 2, 3, 3, 2, 1, 0)
+    assert sched.splits_backward
+    assert {a.stage for a in sched.device_actions[0]} == {0, 7}
+    sim = simulate.Simulate(sched)
+    # torch.distributed.pipelining's simulator gives its ZBV order 5.9% here.
+    assert round(100 * sim.bubble, 1) <= 5.9
+    assert sim.bubble < Bubble("zero_bubble") < Bubble("1f1b")
+    # Two half-size stages per device: 2K stage-micro-batches are 1F1B's first device's K.
+    assert max(sim.device_peak_alive) <= 2 * 4
+
+
+def test_looped_bfs_runs_every_micro_batch_through_chunk_0_before_chunk_1():
+    sched = generators.Make("looped_bfs", 2, 4, 2)
+    assert sched.stage_devices == (0, 1, 0, 1)
+    assert Kinds(sched.device_actions[0]) == "F" * 8 + "B" * 8
+    assert [a.stage for a in sched.device_actions[0][:8]] == [0] * 4 + [2] * 4
+    sim = simulate.Simulate(sched)
+    assert sim.peak_alive == [4, 4, 4, 4]  # GPipe's memory
+    assert Bubble("looped_bfs", 4, 8, 2) < Bubble("gpipe", 4, 8)
+
+
+def test_interleaved_zero_bubble_splits_backwards_over_chunks():
+    sched = generators.Make("interleaved_zero_bubble", 4, 8, 2)
+    assert sched.splits_backward and sched.stage_devices == (0, 1, 2, 3) * 2
+    sim = simulate.Simulate(sched)
+    assert sim.bubble < Bubble("interleaved_1f1b", 4, 8, 2) and sim.bubble < Bubble("zero_bubble")
+    assert f"{sim.bubble:.1%}" == "5.9%"
+    assert max(sim.device_peak_alive) <= 2 * 4
+
+
+def test_dualpipev_order_on_the_v_placement():
+    sched = generators.Make("dualpipev", 4, 8)
+    assert sched.stage_devices == generators.VPlacement(4)
+    kinds = {a.kind for acts in sched.device_actions for a in acts}
+    assert kinds == {"F", "B", "I", "W"}  # whole backwards in the main phase, split at the end
+    # The last device starts with its two stages' forwards in turn (its warm-up pairs).
+    assert sched.device_actions[3][:4] == (
+        Action("F", 3, 0), Action("F", 4, 0), Action("F", 3, 1), Action("F", 4, 1),
+    )  # fmt: skip
+    sim = simulate.Simulate(sched)
+    assert round(100 * sim.bubble, 1) <= 5.9
+    with pytest.raises(ScheduleError, match=r"expected num_micro_batches >= 2 \* num_stages = 8"):
+        generators.Make("dualpipev", 4, 6)
+
+
+@pytest.mark.parametrize("k,m,v", [(1, 1, 1), (3, 4, 1), (2, 4, 2), (4, 6, 2)])
+def test_forward_only_runs_each_forward_once_in_micro_batch_order(k, m, v):
+    sched = generators.Make("forward_only", k, m, v)
+    assert not sched.has_backward and sched.num_stages == k * v
+    for d, acts in enumerate(sched.device_actions):
+        assert Kinds(acts) == "F" * (m * v)
+        for stage in sched.StagesOf(d):
+            assert [a.micro_batch for a in acts if a.stage == stage] == list(range(m))
+    sim = simulate.Simulate(sched)  # accepted without backwards
+    assert sim.peak_alive == [1] * (k * v)
+    assert sim.makespan == m * v + k - 1  # every device busy once its first input arrives
+
+
+def test_a_missing_backward_is_still_refused_when_others_have_one():
+    good = generators.Make("gpipe", 2, 2)
+    partial = Schedule("p", 2, 2, 2, (good.device_actions[0][:-1], good.device_actions[1]))
+    with pytest.raises(ScheduleError, match=r"stage 0 micro-batch 0 needs one F and one B"):
+        simulate.Simulate(partial)
+
+
+def test_command_prints_every_new_schedules_figures():
+    for name, bubble in (("zero_bubble", "11.1%"), ("zbv", "5.9%"), ("dualpipev", "5.9%")):
+        run = subprocess.run(
+            [sys.executable, "-m", "lingpipe.pipeline.schedule", f"--schedule={name}",
+             "--num_stages=4", "--num_micro_batches=8"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        assert f"bubble {bubble}" in run.stdout
