@@ -12,7 +12,11 @@ builds the inputs the mode reads and the evaluators, and checks:
 - when the logdir holds checkpoints, that the newest readable one was written by
   this model: the same variables with the same shapes (`tf.train.load_checkpoint`),
   saying which variable changed otherwise;
-- in `--mode=eval`, that there is a checkpoint to evaluate.
+- in `--mode=eval`, that there is a checkpoint to evaluate;
+- that no file the run writes in the logdir is in the way (`params.txt` that is a
+  directory, `checkpoints` that is a file);
+- in `--mode=export`, that the export directory is no file, lies under none, and
+  holds nothing but an earlier export (it is never written beside other files).
 
 Every failure is a `startup.UsageError` (the trainer prints one line and exits with
 status 2), raised before the first byte reaches the logdir.
@@ -28,7 +32,7 @@ import tensorflow as tf
 
 from lingpipe import hyperparams
 from lingpipe.nested_map import NestedMap
-from lingpipe.runners import checkpointer, startup, strategies
+from lingpipe.runners import checkpointer, rundir, startup, strategies
 
 CHECKPOINT_SUBDIR = "checkpoints"
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -51,19 +55,30 @@ def Prepare(
     tasks: list,
     logdir: str,
     mode: str,
+    export_dir: str | None = None,
 ) -> Plan:
     """Builds and checks what `mode` needs (see the module docstring); writes nothing.
 
+    `export_dir`: --mode=export's --export_dir (None: LOGDIR/export/STEP).
+
     Raises:
       startup.UsageError: an input cannot be built or does not fit the model, the
-        checkpoint was written by another model, or there is nothing to evaluate.
+        checkpoint was written by another model, there is nothing to evaluate, or a
+        file or directory is in the way of what the run writes.
     """
+    if mode == "export" and export_dir:
+        CheckExportDir(export_dir, f"--export_dir={export_dir}")
+    if mode != "export":
+        CheckRunFiles(logdir, [d.lower() for d in resolved.eval_datasets])
     checkpoint_dir = f"{logdir}/{CHECKPOINT_SUBDIR}"
     plan = Plan(checkpoint_dir, CheckCheckpoint(checkpoint_dir, tasks[0], logdir))
     if mode == "eval" and plan.checkpoint is None:
         raise startup.UsageError(
             f"--mode=eval: no checkpoint in {checkpoint_dir}; train first (--mode=train)"
         )
+    if mode == "export" and not export_dir and plan.checkpoint is not None:
+        default = f"{logdir}/export/{plan.checkpoint.rsplit('-', 1)[-1]}"
+        CheckExportDir(default, f"the export directory {default} (--export_dir's default)")
     micro = NumMicroBatches(resolved.task)
     traced: set[str] = set()
     if mode != "eval":
@@ -226,3 +241,49 @@ def CheckCheckpoint(checkpoint_dir: str, task: Any, logdir: str) -> str | None:
         return path
     # None can be read: the checkpointer says why when it restores.
     return candidates[0] if candidates else None
+
+
+# What a SavedModel directory holds: an earlier export there is replaced.
+_SAVED_MODEL_NAMES = frozenset(
+    ["saved_model.pb", "variables", "assets", "fingerprint.pb", "keras_metadata.pb"]
+)
+
+
+def CheckRunFiles(logdir: str, datasets: list[str]) -> None:
+    """Raises UsageError if a file the run writes in `logdir` is a directory, or a
+    directory it writes into is a file (`datasets`: the eval datasets, lower case)."""
+    files = [startup.PARAMS_FILE, startup.PARAMS_DIFF_FILE, rundir.RUN_STATE_FILE]
+    files += [rundir.LOCK_FILE] + [f"eval_{d}.json" for d in datasets]
+    dirs = [CHECKPOINT_SUBDIR, "train"] + [f"eval_{d}" for d in datasets]
+    problems = [(f, True, "a directory", "a file") for f in files]
+    problems += [(d, False, "a file", "a directory") for d in dirs]
+    for name, is_dir, found, expected in problems:
+        path = f"{logdir}/{name}"
+        if tf.io.gfile.exists(path) and tf.io.gfile.isdir(path) == is_dir:
+            raise startup.UsageError(
+                f"--logdir={logdir}: {path} is {found}; expected {expected} the run "
+                "writes (move it away or choose another --logdir)"
+            )
+
+
+def CheckExportDir(directory: str, what: str) -> None:
+    """Raises UsageError (saying `what`) if `directory` is a file, lies under one, or
+    holds anything but an earlier SavedModel."""
+    path = directory.rstrip("/")
+    while path and not tf.io.gfile.exists(path):
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        if parent == path:
+            break
+        path = parent
+    expected = "expected a directory (new, empty, or holding an earlier export)"
+    if path and not tf.io.gfile.isdir(path):
+        raise startup.UsageError(f"{what}: {path} is a file; {expected}")
+    if path != directory.rstrip("/"):
+        return
+    others = sorted(n.rstrip("/") for n in tf.io.gfile.listdir(path))
+    others = [n for n in others if n not in _SAVED_MODEL_NAMES]
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise startup.UsageError(
+            f"{what}: it holds {shown}, which an export would sit beside; {expected}"
+        )

@@ -57,7 +57,7 @@ class LogdirWriteError(RuntimeError):
     """A file of the run could not be written (the message names it and why)."""
 
 
-def _Reason(e: BaseException) -> str:
+def Reason(e: BaseException) -> str:
     """The first line of an OS or TensorFlow error, without the exception's repr."""
     text = getattr(e, "message", None) or getattr(e, "strerror", None) or str(e)
     return (text.splitlines() or [type(e).__name__])[0]
@@ -86,7 +86,7 @@ def WriteText(path: str, text: str) -> None:
         tf.io.gfile.rename(tmp, path, overwrite=True)
     except (tf.errors.OpError, OSError) as e:
         _RemoveQuietly(tmp)
-        raise LogdirWriteError(f"cannot write {path}: {_Reason(e)}") from None
+        raise LogdirWriteError(f"cannot write {path}: {Reason(e)}") from None
 
 
 def _RemoveQuietly(path: str) -> None:
@@ -191,7 +191,7 @@ def _CreateExclusively(path: str, text: str) -> bool:
     except (FileExistsError, tf.errors.AlreadyExistsError):
         return False
     except (tf.errors.OpError, OSError) as e:
-        raise LogdirWriteError(f"cannot write the lock {path}: {_Reason(e)}") from None
+        raise LogdirWriteError(f"cannot write the lock {path}: {Reason(e)}") from None
     finally:
         _RemoveQuietly(tmp)
     # Not atomic on every file system: the last of two writers wins; read back.
@@ -273,7 +273,7 @@ class LogdirLock:
         try:
             tf.io.gfile.makedirs(self._logdir)
         except (tf.errors.OpError, OSError) as e:
-            raise LogdirWriteError(f"cannot create {self._logdir}: {_Reason(e)}") from None
+            raise LogdirWriteError(f"cannot create {self._logdir}: {Reason(e)}") from None
         mine = self._Holder()
         with _Serialized(self._logdir):
             self._TakeOrTakeOver(mine)

@@ -296,6 +296,9 @@ def WriteAtomically(path: str, text: str) -> None:
 
     Through `tf.io.gfile`, so `path` may be a URL; files get the usual mode (0644
     under a 022 umask).
+
+    Raises:
+      rundir.LogdirWriteError: it cannot be written (the message says why).
     """
     import tensorflow as tf
 
@@ -305,9 +308,14 @@ def WriteAtomically(path: str, text: str) -> None:
         with tf.io.gfile.GFile(tmp, "w") as f:
             f.write(text)
         tf.io.gfile.rename(tmp, path, overwrite=True)
-    except BaseException:
+    except BaseException as e:
         if tf.io.gfile.exists(tmp):
             tf.io.gfile.remove(tmp)
+        if isinstance(e, (tf.errors.OpError, OSError)):
+            from lingpipe.runners import rundir
+
+            # The environment (a full disk, no permission): exit status 1, one line.
+            raise rundir.LogdirWriteError(f"cannot write {path}: {rundir.Reason(e)}") from None
         raise
 
 

@@ -158,3 +158,111 @@ def test_bad_param_values_are_refused_in_one_line_before_anything_is_written(
     _AssertRefused(status, lines, message)
     assert lines[-1] == f"lingpipe.trainer: error: {message}"
     assert not logdir.exists()
+
+
+def _Main(capsys, *flags):
+    from test_trainer_main import Main
+
+    return Main(capsys, *flags)
+
+
+def test_a_params_file_that_is_a_directory_is_refused_before_anything_is_written(capsys, tmp_path):
+    from test_trainer_main import Listing, _AssertRefused
+
+    logdir = tmp_path / "run"
+    (logdir / "params.txt").mkdir(parents=True)
+    before = Listing(logdir)
+    status, lines = _Main(capsys, f"--logdir={logdir}")
+    message = (
+        f"--logdir={logdir}: {logdir}/params.txt is a directory; expected a file the run "
+        "writes (move it away or choose another --logdir)"
+    )
+    _AssertRefused(status, lines, message)
+    assert Listing(logdir) == before and sorted(os.listdir(logdir)) == ["params.txt"]
+
+
+def test_a_full_disk_at_start_up_ends_with_one_line_exit_1_and_no_lock(
+    capsys, tmp_path, monkeypatch
+):
+    import tensorflow as tf
+
+    logdir = tmp_path / "run"
+    real = tf.io.gfile.GFile
+
+    class FullDisk(real):
+        """The disk fills up at the first write of the params (the lock fits)."""
+
+        def close(self):
+            if "params" in self.name:
+                raise tf.errors.ResourceExhaustedError(
+                    None, None, f"{self.name}; No space left on device"
+                )
+            super().close()
+
+    monkeypatch.setattr(tf.io.gfile, "GFile", FullDisk)
+    status, lines = _Main(capsys, f"--logdir={logdir}")
+    assert status == 1, lines
+    assert not any("Traceback" in line for line in lines)
+    assert lines[-1].startswith(f"lingpipe.trainer: error: cannot write {logdir}/params.txt: ")
+    assert lines[-1].endswith("; No space left on device"), lines[-1]
+    assert sorted(os.listdir(logdir)) == []  # no lock, no half-written file
+
+
+@pytest.mark.parametrize("export_dir", ["file/export", "file"])
+def test_an_export_dir_under_or_at_a_file_is_refused(capsys, tmp_path, export_dir):
+    from test_trainer_main import _AssertRefused
+
+    (tmp_path / "file").write_text("not a directory")
+    status, lines = _Main(
+        capsys,
+        f"--logdir={tmp_path / 'run'}",
+        "--mode=export",
+        f"--export_dir={tmp_path / export_dir}",
+    )
+    _AssertRefused(
+        status,
+        lines,
+        f"--export_dir={tmp_path / export_dir}: {tmp_path / 'file'} is a file; expected a "
+        "directory (new, empty, or holding an earlier export)",
+    )
+
+
+def _SaveOneCheckpoint(logdir):
+    """ckpt-1 of an untrained TransformerLmTiny in logdir/checkpoints."""
+    import tensorflow as tf
+    from test_trainer_main import KEY
+
+    from lingpipe import model_registry
+    from lingpipe.runners import checkpointer
+
+    task = model_registry.GetParams(KEY, "Train").Instantiate()
+    step = tf.Variable(1, dtype=tf.int64)
+    checkpointer.Checkpointer(str(logdir / "checkpoints"), task=task, global_step=step).Save(1)
+
+
+def test_an_export_beside_other_files_is_refused(capsys, tmp_path):
+    from test_trainer_main import Listing, _AssertRefused
+
+    logdir = tmp_path / "run"
+    _SaveOneCheckpoint(logdir)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    (logdir / "export" / "1").mkdir(parents=True)
+    (logdir / "export" / "1" / "a.txt").write_text("the user's")
+    before = Listing(tmp_path)
+    status, lines = _Main(capsys, f"--logdir={logdir}", "--mode=export", f"--export_dir={mine}")
+    _AssertRefused(
+        status,
+        lines,
+        f"--export_dir={mine}: it holds notes.txt, which an export would sit beside; expected "
+        "a directory (new, empty, or holding an earlier export)",
+    )
+    status, lines = _Main(capsys, f"--logdir={logdir}", "--mode=export")
+    _AssertRefused(
+        status,
+        lines,
+        f"the export directory {logdir}/export/1 (--export_dir's default): it holds a.txt, "
+        "which an export would sit beside",
+    )
+    assert Listing(tmp_path) == before
