@@ -39,7 +39,6 @@ from lingpipe.pipeline import simulate
 from lingpipe.pipeline.schedule import (
     BACKWARD,
     BACKWARD_INPUT,
-    BACKWARD_WEIGHT,
     FORWARD,
     Action,
     Schedule,
@@ -91,6 +90,9 @@ class StageMemory:
     activations: int
     workspace: int  # a backward's transients: see Workspace
     peak_alive: int  # most micro-batches alive at once (simulate.Simulation.peak_alive)
+    # (time, delta) of the activation bytes and of the alive micro-batches, for DeviceMemory.
+    events: tuple = dataclasses.field(default=(), repr=False, compare=False)
+    alive_events: tuple = dataclasses.field(default=(), repr=False, compare=False)
 
     @property
     def total(self) -> int:
@@ -256,10 +258,10 @@ def Workspace(cells: Sequence[CellMemory]) -> int:
     return cells[-1].output_bytes + cells[0].input_bytes + largest
 
 
-def ActivationBytes(
+def ActivationEvents(
     sim: Any, num_micro_batches: int, stage: int, kept: set, boundary: int, internal: int
-) -> int:
-    """The most bytes of activations stage `stage` holds at once in simulated time.
+) -> list[tuple[float, int]]:
+    """(time, +bytes or -bytes) of the activations stage `stage` holds in simulated time.
 
     Args:
       sim: the schedule's simulate.Simulation (start and end of each action).
@@ -267,25 +269,52 @@ def ActivationBytes(
       boundary, internal: StageActivations of one micro-batch.
 
     A micro-batch is alive from the start of its forward to the end of its backward
-    (W under zero bubble) and holds `boundary`, plus `internal` when it is kept; the
-    backward of one that is not kept replays its forward and holds `internal` while
-    it runs (to the end of W: the weights' gradient reads it).
+    (W when split; the forward's own end in a forward-only schedule) and holds
+    `boundary`, plus `internal` when it is kept; the backward of one that is not kept
+    replays its forward and holds `internal` while it runs (to the end of W: the
+    weights' gradient reads it).
     """
     events = []
     for m in range(num_micro_batches):
-        last = Action(BACKWARD, stage, m)
-        first_back = last
-        if last not in sim.end:
-            last, first_back = Action(BACKWARD_WEIGHT, stage, m), Action(BACKWARD_INPUT, stage, m)
+        last = simulate.LastAction(stage, m, sim.end)
         held = boundary + (internal if (stage, m) in kept else 0)
         events += [(sim.start[Action(FORWARD, stage, m)], held), (sim.end[last], -held)]
-        if (stage, m) not in kept:
+        if last.kind != FORWARD and (stage, m) not in kept:
+            first_back = last if last.kind == BACKWARD else Action(BACKWARD_INPUT, stage, m)
             events += [(sim.start[first_back], internal), (sim.end[last], -internal)]
+    return events
+
+
+def PeakOf(events: Sequence[tuple[float, int]]) -> int:
+    """The largest running sum of `events` ((time, delta); at a tie, frees first)."""
     total = peak = 0
     for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
         total += delta
         peak = max(peak, total)
     return peak
+
+
+def ActivationBytes(
+    sim: Any, num_micro_batches: int, stage: int, kept: set, boundary: int, internal: int
+) -> int:
+    """The most bytes of activations stage `stage` holds at once (ActivationEvents)."""
+    return PeakOf(ActivationEvents(sim, num_micro_batches, stage, kept, boundary, internal))
+
+
+def DeviceMemory(stages: Sequence[StageMemory]) -> StageMemory:
+    """The memory of a device that runs `stages` (Estimate's entries for them): weights,
+    gradients and slots add up; activations peak over the stages' events together; a
+    device runs one backward at a time, so the largest workspace; peak_alive is the
+    most (stage, micro-batch) pairs alive at once."""
+    acts = PeakOf([e for s in stages for e in s.events])
+    return StageMemory(
+        weights=sum(s.weights for s in stages),
+        gradients=sum(s.gradients for s in stages),
+        optimizer_slots=sum(s.optimizer_slots for s in stages),
+        activations=acts + sum(s.activations - PeakOf(s.events) for s in stages),
+        workspace=max(s.workspace for s in stages),
+        peak_alive=PeakOf([e for s in stages for e in s.alive_events]),
+    )
 
 
 def _Spec(x: Any, key: str = "", float_dtype: tf.DType = tf.float32) -> Any:
@@ -373,15 +402,18 @@ def Estimate(
         # Stage 0's micro-batches are slices of the batch, alive the whole step.
         if k == 0:
             boundary = 0
-        acts = ActivationBytes(sim, sched.num_micro_batches, k, kept, boundary, internal)
+        events = ActivationEvents(sim, sched.num_micro_batches, k, kept, boundary, internal)
+        alive = ActivationEvents(sim, sched.num_micro_batches, k, set(), 1, 0)
         out.append(
             StageMemory(
                 weights=sum(c.weight_bytes for c in mine),
                 gradients=sum(_Prod(s) for s in shapes) * size,
                 optimizer_slots=SlotBytes(optimizer, shapes, size),
-                activations=acts + (batch_bytes if k == 0 else 0),
-                workspace=Workspace(mine),
+                activations=PeakOf(events) + (batch_bytes if k == 0 else 0),
+                workspace=Workspace(mine) if sched.has_backward else 0,
                 peak_alive=sim.peak_alive[k],
+                events=tuple(events),
+                alive_events=tuple(alive),
             )
         )
     return out

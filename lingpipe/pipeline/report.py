@@ -72,6 +72,17 @@ class PartitionReport:
             return None
         return sum(s.memory.total for s in self.stages)
 
+    def DeviceMemory(self) -> dict[str, memory_lib.StageMemory]:
+        """{device: estimated memory of all the stages it runs} (memory.DeviceMemory);
+        empty without an estimate."""
+        if self.memory_total is None:
+            return {}
+        devices = dict.fromkeys(s.device for s in self.stages)
+        return {
+            d: memory_lib.DeviceMemory([s.memory for s in self.stages if s.device == d])
+            for d in devices
+        }
+
     def CrossHostBytes(self) -> list[int | None]:
         """Per stage, the bytes per step that cross from it to the next stage's host:
         M micro-batches' boundary activations forward plus their gradients backward
@@ -154,6 +165,12 @@ class PartitionReport:
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
         lines = [f"memory per stage in a training step, MiB ({self.memory_note}):"]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        devices = self.DeviceMemory()
+        if len(devices) < len(self.stages):  # a device runs several stages
+            lines.append("per device (all its stages; activations at their joint peak):")
+            for d, m in devices.items():
+                stages = ", ".join(str(s.stage) for s in self.stages if s.device == d)
+                lines.append(f"  {d} (stages {stages}): {_Mib(m.total)} MiB, alive {m.peak_alive}")
         total = f"estimated total {_Mib(self.memory_total)} MiB"
         if self.measured and not per_device:
             (where, peak), *_ = self.measured.items()

@@ -17,7 +17,7 @@ import pytest
 
 from lingpipe import optimizers
 from lingpipe.layers import gpipe, linear
-from lingpipe.pipeline import memory
+from lingpipe.pipeline import generators, memory, simulate
 
 CELL_W, STAGE_W, ACT, BATCH = 288, 576, 128, 512
 
@@ -123,3 +123,55 @@ def test_report_prints_the_memory_table_and_the_measured_peak():
     )
     # Without input shapes there is nothing to estimate and nothing is printed.
     assert "memory" not in str(Pipe(input_shapes=None).PartitionReport())
+
+
+def _Estimate(name, k, m, v=1, remat_kept=()):
+    """memory.Estimate of one hand-checked cell per stage under schedule `name`."""
+    sched = generators.Make(name, k, m, v)
+    pipe = Pipe()
+    cell = pipe.params.cell_tpl[0]
+    return sched, memory.Estimate(
+        pipe.params, [cell] * sched.num_stages, [[s] for s in range(sched.num_stages)],
+        ([16, 8],), sched, set(remat_kept),
+    )  # fmt: skip
+
+
+def test_a_device_of_the_v_placement_holds_both_its_stages():
+    sched, stages = _Estimate("zbv", 2, 4)
+    # One cell per stage, remat 'always': a micro-batch keeps its boundary (128) while
+    # alive, and a backward replays one cell's ReLU output (128).
+    sim = simulate.Simulate(sched)
+    assert [s.peak_alive for s in stages] == sim.peak_alive
+    device_0 = memory.DeviceMemory([stages[s] for s in sched.StagesOf(0)])
+    assert device_0.weights == 2 * CELL_W and device_0.workspace == stages[0].workspace
+    # Stage 0's boundary is the batch itself (512, alive all step); stage 3's micro-batches
+    # hold 128 each: device 0's activations peak when stage 3 holds its most at once.
+    assert device_0.peak_alive == sim.device_peak_alive[0]
+    assert BATCH + ACT <= device_0.activations <= stages[0].activations + stages[3].activations
+    assert device_0.total <= stages[0].total + stages[3].total
+
+
+def test_forward_only_holds_one_micro_batch_per_stage_and_no_backward():
+    _, stages = _Estimate("forward_only", 2, 4)
+    assert [s.peak_alive for s in stages] == [1, 1]
+    assert [s.workspace for s in stages] == [0, 0]
+    assert stages[1].activations == ACT  # its input while its forward runs
+
+
+def test_report_adds_each_device_when_it_runs_several_stages():
+    from lingpipe.pipeline import report as report_lib
+
+    sched, mems = _Estimate("zbv", 2, 4)
+    stages = [
+        report_lib.StageReport(
+            s, f"/device:CPU:{sched.DeviceOf(s)}", [f"cell_{s}"], 72, None, None, 1.0
+        )
+        for s in range(4)
+    ]
+    report = report_lib.PartitionReport("uniform", 4, stages)
+    report.AddMemory(lambda: mems, memory.Note(sched, "always", None))
+    device_0 = memory.DeviceMemory([mems[0], mems[3]])
+    text = str(report)
+    assert "per device (all its stages; activations at their joint peak):" in text
+    assert f"  /device:CPU:0 (stages 0, 3): {device_0.total / 2**20:.1f} MiB, alive " in text
+    assert report.DeviceMemory()["/device:CPU:1"] == memory.DeviceMemory([mems[1], mems[2]])
