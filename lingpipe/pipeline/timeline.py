@@ -65,7 +65,7 @@ class Span:
     Attributes:
       step: which recorded step (0 for the first call profiled).
       action: the schedule's action.
-      device: the pipeline device (track) it ran on, stage % K.
+      device: the pipeline device (track) it ran on, sched.DeviceOf(stage).
       start_us, end_us: its first op's start and last op's end, in microseconds
         from the first recorded action.
       num_ops: how many op events it spans.
