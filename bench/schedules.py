@@ -1,6 +1,14 @@
 """Step time of each pipeline schedule, beside its simulated bubble.
 
-    python bench/schedules.py        # table + bench/results/schedules.json
+    python bench/schedules.py              # table + bench/results/schedules.json
+    python bench/schedules.py --simulated  # every schedule's simulated figures only:
+                                           # bench/results/schedules_simulated.json
+
+`--simulated` runs no model: each schedule at K=4, M=8 (`--stages`,
+`--micro_batches`) under unit costs (F = I = W = 1, B = 2) through
+lingpipe.pipeline.simulate, giving its bubble, makespan and peak alive micro-batches
+per device (all of a device's stages together, so a V-shaped or interleaved
+schedule's two half-size stages count twice).
 
 A training step (ForwardBackward: the executor runs the schedule) of the MLP and
 transformer benchmark models (bench/common.py's speed sizes, 8 cells each) for
@@ -24,7 +32,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import common  # noqa: E402
 
-SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1)]
+SCHEDULES = [
+    ("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1), ("zbv", 1),
+    ("looped_bfs", 2), ("interleaved_zero_bubble", 2), ("dualpipev", 1),
+]  # fmt: skip
 
 
 def _Step(layer, schedule: str):
@@ -82,6 +93,29 @@ def Child(model: str, stages: int, micro: int, schedule: str, v: int, steps: int
     return {"ms": 1000 * statistics.median(times), "bubble": bubble}
 
 
+def Simulated(k: int, m: int) -> list[dict]:
+    """Each schedule's simulated figures at K devices and M micro-batches (unit costs)."""
+    from lingpipe.pipeline import generators, simulate
+
+    rows = []
+    for name in generators.SCHEDULES:
+        v = 2 if name in generators.VIRTUAL and name != "forward_only" else 1
+        sched = generators.Make(name, k, m, v)
+        sim = simulate.Simulate(sched)
+        rows.append(
+            {
+                "schedule": name,
+                "stages_per_device": sched.num_virtual_stages,
+                "placement": "V" if name in generators.V_SHAPED else "loop",
+                "bubble": f"{sim.bubble:.1%}",
+                "makespan": int(sim.makespan),
+                "peak_alive_per_device": "/".join(map(str, sim.device_peak_alive)),
+                "peak_alive_device_0": sim.device_peak_alive[0],
+            }
+        )
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -90,6 +124,7 @@ def main() -> None:
     ap.add_argument("--micro_batches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--config", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--simulated", action="store_true", help="simulated figures only, no runs")
     ap.add_argument(
         "--out", default=os.path.join(os.path.dirname(__file__), "results", "schedules.json")
     )
@@ -98,6 +133,15 @@ def main() -> None:
         k, m, schedule, v = args.config.split(":")
         row = Child(args.models, int(k), int(m), schedule, int(v), args.steps)
         print(json.dumps(row))
+        return
+    if args.simulated:
+        k = int(args.stages.split(",")[-1])
+        rows = Simulated(k, args.micro_batches)
+        print(f"K={k} devices, M={args.micro_batches} micro-batches, F = I = W = 1, B = 2:")
+        print(common.Table(rows, list(rows[0])))
+        out = args.out.replace("schedules.json", "schedules_simulated.json")
+        common.WriteJson(out, {"k": k, "m": args.micro_batches, "rows": rows})
+        print(f"wrote {out}")
         return
     rows = []
     for model in args.models.split(","):
