@@ -12,7 +12,7 @@ stages of PartitionReport's totals, no optimizer slots: the step only computes
 gradients), its ratio to the measured peak, and the simulated peak of alive
 micro-batches per stage.
 
-    python bench/memory.py --rows=schedules   # each schedule x remat, K=4, M=16,
+    python bench/memory.py --rows=schedules   # each training schedule x remat, K=4, M=16,
                                               # and K=2, M=8 for GPipe and 1F1B,
                                               # through ForwardBackward: memory_schedules.json
     python bench/memory.py --rows=precision   # float32 vs bfloat16 activations:
@@ -29,6 +29,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import common  # noqa: E402
 
 MIB = 1024 * 1024
+# Every training schedule with its stages per device (v; zbv and dualpipev always run 2).
+SCHEDULES = [
+    ("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1), ("zbv", 1),
+    ("looped_bfs", 2), ("interleaved_zero_bubble", 2), ("dualpipev", 1),
+]  # fmt: skip
 
 
 def Child(
@@ -68,18 +73,18 @@ def Child(
         report = layer.PartitionReport(input_shapes=[x.shape for x in inputs])
         row["estimate_mib"] = report.memory_total / MIB
         row["est/peak"] = report.memory_total / peak
-        # What one accelerator would hold: the largest stage's estimate.
-        row["est_device_mib"] = max(s.memory.total for s in report.stages) / MIB
+        # What one accelerator would hold: the largest device's estimate (all its stages).
+        row["est_device_mib"] = max(m.total for m in report.DeviceMemory().values()) / MIB
         row["sim_alive"] = "/".join(str(s.memory.peak_alive) for s in report.stages)
     return row
 
 
 def Schedules(models: list[str]) -> list[dict]:
-    """Each schedule x remat at K=4, M=16, and GPipe and 1F1B at K=2, M=8 (each in its
-    own process), through ForwardBackward."""
+    """Each training schedule x remat at K=4, M=16, and GPipe and 1F1B at K=2, M=8 (each
+    in its own process), through ForwardBackward."""
     configs = [
         (4, 16, remat, sched, v)
-        for sched, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1))
+        for sched, v in SCHEDULES
         for remat in ("always", "except_last", "never")
     ]
     configs += [(2, 8, r, s, 1) for s in ("gpipe", "1f1b") for r in ("always", "never")]
@@ -136,7 +141,7 @@ def Checks(rows: list[dict]) -> list[str]:
         g, f = Peak(model, "gpipe", "never"), Peak(model, "1f1b", "never")
         if g and f:
             out.append(f"{model}: remat=never K=4 M=16: 1F1B peak / GPipe peak = {f / g:.2f}")
-        for sched in ("gpipe", "1f1b", "interleaved_1f1b v=2", "zero_bubble"):
+        for sched in [n + (f" v={v}" if v > 1 else "") for n, v in SCHEDULES]:
             a, e = Peak(model, sched, "always"), Peak(model, sched, "except_last")
             if a and e:
                 line = f"{model} {sched}: except_last / always (K=4, M=16) = {e / a:.2f}"
@@ -144,7 +149,7 @@ def Checks(rows: list[dict]) -> list[str]:
                     Peak(model, sched, r, key="est_device_mib") for r in ("always", "except_last")
                 )
                 if a and e:
-                    line += f" (all stages, measured); {e / a:.2f} (largest stage, estimated)"
+                    line += f" (all stages, measured); {e / a:.2f} (largest device, estimated)"
                 out.append(line)
     ratios = [r["est/peak"] for r in rows if "est/peak" in r]
     if ratios:
