@@ -170,6 +170,58 @@ def _NonNegative(name: str) -> int:
     return value
 
 
+def _CheckFlags() -> None:
+    """The flags' own values, checked before TensorFlow is imported (which takes seconds),
+    so that a bad flag is answered at once. What needs the model is checked later."""
+    for name in ("max_steps", "num_stages", "num_micro_batches", "num_virtual_stages"):
+        value = getattr(FLAGS, name)
+        if value is not None and value < 1:
+            raise startup.UsageError(f"--{name}: expected a positive integer, received {value}")
+    for name in (
+        "log_interval_steps",
+        "summary_interval_steps",
+        "checkpoint_interval_steps",
+        "eval_interval_steps",
+        "intra_op_threads",
+        "inter_op_threads",
+        "logical_devices",
+    ):
+        _NonNegative(name)
+    if FLAGS.seed is not None and FLAGS.seed < 0:
+        raise startup.UsageError(f"--seed: expected an integer >= 0, received {FLAGS.seed}")
+    if FLAGS.max_checkpoints_to_keep < 1:
+        raise startup.UsageError(
+            f"--max_checkpoints_to_keep: expected an integer >= 1, received "
+            f"{FLAGS.max_checkpoints_to_keep}"
+        )
+    _ProfileSteps()
+    if FLAGS.mode not in ("inspect_params", "inspect_model") and FLAGS.logdir is None:
+        _Logdir()  # raises: --logdir is required
+
+
+def _NoteShortSchedule(task_params) -> None:
+    """One line when training stops before the learning-rate schedule's end (a
+    --max_steps below its total_steps, say): the rate never decays to its last value."""
+    train = task_params.train
+    schedule = train.lr_schedule
+    for field, what in (("total_steps", "decay"), ("warmup_steps", "warmup")):
+        length = schedule.Get(field) if field in schedule else None
+        if isinstance(length, int) and train.max_steps < length:
+            logging.warning(
+                "Training stops at step %d, before the learning-rate schedule's %s ends "
+                "(train.lr_schedule.%s : %d, %s); to fit it to the run, set "
+                "--params_override='train.lr_schedule.%s : %d'",
+                train.max_steps,
+                what,
+                field,
+                length,
+                schedule.cls.__name__,
+                field,
+                train.max_steps,
+            )
+            return
+
+
 def _Overrides() -> startup.Overrides:
     """What the flags change in the registered params."""
     return startup.Overrides(
@@ -385,9 +437,15 @@ def _WriteParams(logdir: str, resolved: startup.ResolvedParams) -> None:
     import tensorflow as tf
 
     tf.io.gfile.makedirs(logdir)
-    text, diff = startup.WriteParams(logdir, resolved)
-    logging.info("Params of %s:\n%s", resolved.key, text)
-    logging.info("Where they differ from the registered model:\n%s", diff or "(nowhere)\n")
+    _, diff = startup.WriteParams(logdir, resolved)
+    # One line: the full text is in params.txt and TensorBoard (train/, text "params").
+    changed = [line[1:].strip() for line in diff.splitlines() if line.startswith(">")]
+    logging.info(
+        "Params in %s/%s; %s",
+        logdir,
+        startup.PARAMS_FILE,
+        f"changed from {resolved.key}: {'; '.join(changed)}" if changed else f"as {resolved.key}",
+    )
 
 
 def _Evaluate(tasks: list, plan) -> int:
@@ -455,6 +513,8 @@ def _Run(scope: contextlib.ExitStack) -> int:
     logdir = _Logdir()
     intervals = _Intervals()
     run = _RunExtras(resolved.task.ToText(), _ProfileSteps())
+    if FLAGS.mode in ("train", "train_and_eval"):
+        _NoteShortSchedule(resolved.task)
     layout, tasks = _BuildTasks(resolved)
     if FLAGS.mode == "inspect_model":
         print(inspect_model.Describe(tasks[0]))
@@ -486,6 +546,14 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        _CheckFlags()
+    except startup.UsageError as e:
+        print(f"lingpipe.trainer: error: {e}", file=sys.stderr)
+        return 2
+    from lingpipe import tf_logs
+
+    tf_logs.ImportTensorFlow()
     from lingpipe.runners import checkpointer, rundir, train_loop
 
     try:
@@ -522,6 +590,10 @@ def Run() -> None:
     # is the launcher script, so these flags are registered as its own.
     for flag in FLAGS.get_flags_for_module(__name__):
         FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    # --help prints the main module's docstring: the launcher script has none.
+    main_module = sys.modules["__main__"]
+    if not getattr(main_module, "__doc__", None):
+        main_module.__doc__ = __doc__
 
     def ParseFlags(argv: list[str]) -> list[str]:
         try:
