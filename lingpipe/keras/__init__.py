@@ -1,12 +1,16 @@
 """Keras 3 models as lingpipe pipelines.
 
     import lingpipe.keras
+    model = lingpipe.keras.Pipeline(keras_model, num_stages=4, num_micro_batches=8)
     model = lingpipe.keras.PipelinedSequential([...layers...], num_stages=2, ...)
 
+`Pipeline` (lingpipe.keras.functional) pipelines any built Keras 3 model, a
+Functional graph or a keras.Sequential, with the model's own weights;
 `PipelinedSequential` (lingpipe.keras.sequential) pipelines fresh Keras layers run
 in order.
 """
 
+from lingpipe.keras.functional import Pipeline
 from lingpipe.keras.sequential import PipelinedSequential
 
-__all__ = ["PipelinedSequential"]
+__all__ = ["Pipeline", "PipelinedSequential"]

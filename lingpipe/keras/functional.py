@@ -1,0 +1,135 @@
+"""Pipeline: any built Keras 3 model (Functional, or keras.Sequential) as a pipelined keras.Model.
+
+    lingpipe.cluster.SetLogicalCpuDevices(4)          # on CPU only, before any TF work
+    base = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)
+    model = lingpipe.keras.Pipeline(base, num_stages=4, num_micro_batches=8)
+    print(model.pipeline.PartitionReport())            # layers, params, FLOPs, crossing tensors
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=False))
+    model.fit(x, y, batch_size=64, epochs=1)
+
+The model's graph is traced into its layer calls in a topological order (nested
+Functional models inlined, so a cut can fall inside a backbone) and cut into
+stages by cost (`partition='flops'`, `'params'`, `'uniform'`, or node counts per
+stage) or at layer names (`split_points=['conv4_block1_1_conv', ...]`, where
+stages 1.. begin). Every tensor alive across a cut (a skip connection, a mask, a
+second input, an output needed at the end) travels to the next stage with the
+activations. The model's own weights (pretrained or fresh) move to their stages'
+devices and are the pipeline's weights: before training, `predict` equals the
+model's. Note that the model given is the one trained: build a copy first
+(`keras.models.clone_model` + `set_weights`) to keep a plain one.
+
+Supported:
+  - several inputs and outputs (lists or dicts), compiled losses, loss weights and
+    metrics per output;
+  - nested Functional / Sequential models used as layers; a layer called at
+    several places, also on two stages (a tied embedding at the input and the
+    output projection): its weight lives on its first stage's device and gets the
+    sum of both stages' gradients;
+  - layers with state: BatchNormalization normalizes each micro-batch with its own
+    moments (GPipe's rule), and its moving statistics end as the plain model's run
+    on the same micro-batches one after another (assigned once per step);
+  - Keras dropout and other random layers (SeedGenerator): stateless seeds per step,
+    micro-batch and layer, so recomputation reproduces the masks;
+  - schedules 'gpipe', '1f1b', 'zero_bubble' ... (one stage per device), remat.
+
+Not supported: subclassed keras.Model (no graph to cut), interleaved (virtual)
+stages, a layer's non-trainable state shared by two stages (threaded in program
+order), Keras' implicit masks (mask_zero) crossing a cut (untested), losses added
+with add_loss inside layers, partition='profile'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+
+from lingpipe.keras import graph as graph_lib
+from lingpipe.keras import graph_pipeline, model_base
+
+
+def _InputSpec(model: Any) -> Any:
+    functional = graph_lib._Functional(model, "lingpipe.keras.Pipeline")  # noqa: SLF001
+    return keras.tree.map_structure(
+        lambda t: keras.InputSpec(shape=(None, *t.shape[1:]), dtype=t.dtype),
+        functional._inputs_struct,  # noqa: SLF001
+    )
+
+
+@keras.saving.register_keras_serializable(package="lingpipe")
+class Pipeline(model_base.PipelineModel):
+    """A built Keras model run as a pipeline (see the module docstring).
+
+    Args:
+      model: a built Functional model or keras.Sequential; its variables move to the
+        stages' devices and are this model's weights.
+      num_stages: pipeline stages, one device each.
+      num_micro_batches: micro-batches each batch is split into.
+      split_points: names of the layers where stages 1..K-1 begin ('outer/inner' for a
+        nested model's layer); None cuts by `partition`.
+      partition: 'flops', 'params', 'uniform', or a list of layer calls per stage.
+      schedule: fit's order of work ('gpipe', '1f1b', 'zero_bubble', ...).
+      remat: 'always', 'except_last' or 'never'.
+      devices: one device name per stage; None takes the cluster's first num_stages.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        num_stages: int = 1,
+        num_micro_batches: int = 1,
+        split_points: Sequence[str] | None = None,
+        partition: Any = "flops",
+        schedule: str = "gpipe",
+        remat: str = "always",
+        devices: Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        model_base.EnsureDevices(num_stages, devices, "lingpipe.keras.Pipeline")
+        super().__init__(**kwargs)
+        self._knobs = dict(
+            num_stages=num_stages,
+            num_micro_batches=num_micro_batches,
+            split_points=None if split_points is None else list(split_points),
+            partition=partition if isinstance(partition, str) else list(partition),
+            schedule=schedule,
+            remat=remat,
+            devices=None if devices is None else list(devices),
+        )
+        object.__setattr__(self, "_model", model)  # tracked through _MakePipeline's layers
+        self.BuildFor(_InputSpec(model))
+
+    def _MakePipeline(self, input_spec: Any) -> tuple[Any, list]:
+        pipeline = graph_pipeline.GraphPipeline(
+            self._model, where=f"lingpipe.keras.Pipeline {self.name!r}", **self._knobs
+        )
+        return pipeline, [self._model]
+
+    def StageLayers(self) -> list[list[keras.layers.Layer]]:
+        return [
+            [x for x in layers if isinstance(x, keras.layers.Layer)]
+            for layers in self._pipeline.StageLayers()
+        ]
+
+    @property
+    def inner_model(self) -> Any:
+        """The Keras model this pipeline runs (its weights are this model's)."""
+        return self._model
+
+    def compute_output_spec(self, inputs: Any, training: bool | None = None) -> Any:
+        return self._model.compute_output_spec(inputs)
+
+    def get_config(self) -> dict:
+        config = dict(super().get_config(), **self._knobs)
+        config["model"] = keras.saving.serialize_keras_object(self._model)
+        return config
+
+    @classmethod
+    def from_config(cls, config: dict, custom_objects: Any = None) -> Pipeline:
+        config = dict(config)
+        model = keras.saving.deserialize_keras_object(
+            config.pop("model"), custom_objects=custom_objects
+        )
+        return cls(model, **config)

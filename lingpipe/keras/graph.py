@@ -1,0 +1,430 @@
+"""A built Keras 3 model's graph as a flat list of nodes, cut into pipeline stages.
+
+    graph = Trace(model)                      # Functional, or keras.Sequential
+    cut = Cut(graph, num_stages=4, partition='flops')   # or split_points=['conv3_block1_1_conv']
+    print(cut.Report(devices))                # per stage: layers, params, FLOPs, crossing tensors
+
+`Trace` walks the model's nodes (Keras' `_nodes_by_depth`, deepest first: a
+topological order) and inlines nested Functional models (and keras.Sequential
+ones): their layers become nodes of the outer graph, so a cut can fall inside a
+backbone. A layer called at several places (shared) gives several nodes of the
+one layer. Every tensor of the graph gets a key; a nested model's inputs and
+outputs are aliases of the outer tensors it was called on and produced.
+
+`Cut` splits the node list into contiguous stages by cost (lingpipe.pipeline.
+partition's min-max cut) or at layer names, and computes, for each boundary, the
+tensors alive across it: produced before it (or a model input) and used after it
+(or a model output). They travel to the next stage with the activations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import numpy as np
+
+from lingpipe.pipeline import partition as partition_lib
+
+POLICIES = ("flops", "params", "uniform")
+
+
+@dataclasses.dataclass
+class GraphNode:
+    """One call of a Keras operation in the model's graph.
+
+    Attributes:
+      index: position in the topological order.
+      name: the layer's name, prefixed by the nested models' names ('backbone/conv1').
+      operation: the Keras layer (or keras.ops operation) called.
+      node: Keras' Node of the call (its `arguments` are filled in with values).
+      arg_keys: key of each KerasTensor in node.arguments.keras_tensors.
+      out_keys: key of each output tensor, in order.
+      out_shapes: the outputs' shapes, batch dim None.
+    """
+
+    index: int
+    name: str
+    operation: Any
+    node: Any
+    arg_keys: list
+    out_keys: list
+    out_shapes: list
+
+    @property
+    def is_layer(self) -> bool:
+        return isinstance(self.operation, keras.layers.Layer)
+
+
+@dataclasses.dataclass
+class Graph:
+    """A model's graph: nodes in topological order, the keys of its inputs and outputs."""
+
+    model: Any
+    nodes: list[GraphNode]
+    input_keys: list  # flat, in the order of model.inputs
+    output_keys: list  # flat, in the order of model.outputs
+    shapes: dict  # key -> shape (batch dim None)
+    dtypes: dict  # key -> dtype name
+
+    def LayerNames(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+
+def _Functional(model: Any, where: str) -> Any:
+    """The Functional graph of `model` (a keras.Sequential's own), else a one-line error."""
+    if isinstance(model, keras.Sequential):
+        functional = getattr(model, "_functional", None)
+        if functional is None:
+            raise ValueError(
+                f"{where}: received keras.Sequential {model.name!r} that is not built; expected "
+                "a model with known inputs: start it with keras.Input(shape) or call "
+                "model.build((None, ...)) first"
+            )
+        return functional
+    if not isinstance(model, keras.Model) or not hasattr(model, "_nodes_by_depth"):
+        raise TypeError(
+            f"{where}: expected a built Keras 3 Functional model or keras.Sequential, received "
+            f"{type(model).__name__} {getattr(model, 'name', model)!r:.80} (a subclassed "
+            "keras.Model has no graph to cut)"
+        )
+    return model
+
+
+def _IsNested(operation: Any) -> bool:
+    return isinstance(operation, keras.Sequential) or (
+        isinstance(operation, keras.Model) and hasattr(operation, "_nodes_by_depth")
+    )
+
+
+class _Tracer:
+    def __init__(self) -> None:
+        self.nodes: list[GraphNode] = []
+        self.alias: dict = {}
+        self.shapes: dict = {}
+        self.dtypes: dict = {}
+        self.calls: dict = {}  # id(nested model) -> times inlined
+
+    def Key(self, scope: str, tensor: Any) -> Any:
+        key = (scope, id(tensor))
+        while key in self.alias:
+            key = self.alias[key]
+        self.shapes.setdefault(key, tuple(tensor.shape))
+        self.dtypes.setdefault(key, str(tensor.dtype))
+        return key
+
+    def Walk(self, functional: Any, scope: str, prefix: str) -> None:
+        for depth in sorted(functional._nodes_by_depth, reverse=True):  # noqa: SLF001
+            for node in functional._nodes_by_depth[depth]:  # noqa: SLF001
+                if not node.operation or node.is_input:
+                    continue
+                arg_keys = [self.Key(scope, t) for t in node.arguments.keras_tensors]
+                out_keys = [self.Key(scope, t) for t in node.outputs]
+                op = node.operation
+                if _IsNested(op):
+                    self.Inline(op, node, arg_keys, out_keys, prefix)
+                    continue
+                self.nodes.append(
+                    GraphNode(
+                        index=len(self.nodes),
+                        name=prefix + op.name,
+                        operation=op,
+                        node=node,
+                        arg_keys=arg_keys,
+                        out_keys=out_keys,
+                        out_shapes=[tuple(t.shape) for t in node.outputs],
+                    )
+                )
+
+    def Inline(self, model: Any, node: Any, arg_keys: list, out_keys: list, prefix: str) -> None:
+        """The nested model's nodes, its inputs aliased to the outer arguments and its
+        outputs to the outer node's outputs (so later nodes find them)."""
+        inner = _Functional(model, prefix + model.name)
+        count = self.calls.get(id(model), 0)
+        self.calls[id(model)] = count + 1
+        scope = f"{prefix}{model.name}@{count}/"
+        if len(inner.inputs) != len(arg_keys):
+            raise ValueError(
+                f"{prefix}{model.name}: nested model called with {len(arg_keys)} tensor(s), "
+                f"expected its {len(inner.inputs)} input(s); pass them as one list or dict"
+            )
+        for t, key in zip(inner.inputs, arg_keys):
+            self.alias[(scope, id(t))] = key
+        name_prefix = prefix + model.name + ("/" if count == 0 else f"@{count}/")
+        self.Walk(inner, scope, name_prefix)
+        for t, key in zip(inner.outputs, out_keys):
+            inner_key = self.Key(scope, t)
+            if inner_key != key:
+                self.alias[key] = inner_key  # later nodes read the inner tensor
+
+
+def Trace(model: Any, where: str = "lingpipe.keras.Pipeline") -> Graph:
+    """The nodes of `model` (built Functional or keras.Sequential), nested models inlined."""
+    functional = _Functional(model, where)
+    tracer = _Tracer()
+    input_keys = [tracer.Key("", t) for t in functional.inputs]
+    tracer.Walk(functional, "", "")
+    output_keys = [tracer.Key("", t) for t in functional.outputs]
+    for n in tracer.nodes:  # outer tensors named before their nested producer was inlined
+        n.arg_keys = [_Follow(tracer.alias, k) for k in n.arg_keys]
+        n.out_keys = [_Follow(tracer.alias, k) for k in n.out_keys]
+    if not tracer.nodes:
+        raise ValueError(f"{where}: model {model.name!r} has no layers to pipeline")
+    return Graph(model, tracer.nodes, input_keys, output_keys, tracer.shapes, tracer.dtypes)
+
+
+def _Follow(alias: dict, key: Any) -> Any:
+    while key in alias:
+        key = alias[key]
+    return key
+
+
+# ---- Costs -----------------------------------------------------------------------
+
+
+def NodeParams(node: GraphNode) -> int:
+    """Weights of the node's layer (0 for keras.ops operations)."""
+    return int(node.operation.count_params()) if node.is_layer and node.operation.built else 0
+
+
+def NodeFlops(node: GraphNode) -> int:
+    """Per example: 2 x rows x weights + output elements (rows: output elements / last
+    dim; exact for Dense and convolutions), as KerasCell.FPropMeta estimates."""
+    flops = 0
+    weights = NodeParams(node)
+    for shape in node.out_shapes:
+        dims = [1 if d is None else int(d) for d in shape[1:]] or [1]
+        elements = int(np.prod(dims, dtype=np.int64))
+        flops += 2 * (elements // max(dims[-1], 1)) * weights + elements
+    return flops
+
+
+def NodeCosts(graph: Graph, policy: str) -> list[float]:
+    if policy == "flops":
+        return [float(NodeFlops(n)) for n in graph.nodes]
+    if policy == "params":
+        # A layer's weights count where it is first used; a tiny cost keeps ties ordered.
+        seen: set = set()
+        out = []
+        for n in graph.nodes:
+            first = id(n.operation) not in seen
+            seen.add(id(n.operation))
+            out.append(float(NodeParams(n)) if first else 0.0)
+        return out
+    return [1.0] * len(graph.nodes)
+
+
+# ---- Cutting ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Cut:
+    """The graph cut into stages.
+
+    Attributes:
+      graph: the traced graph.
+      stages: node indices of each stage (contiguous, in order).
+      live: live[s] = keys of the tensors stage s receives (stage 0: the model's
+        inputs); live[K] = the model's outputs, which the last stage returns.
+      policy: how the cut was chosen.
+      costs: each node's cost under the policy.
+    """
+
+    graph: Graph
+    stages: list[list[int]]
+    live: list[list]
+    policy: str
+    costs: list[float]
+
+    def StageOf(self, node_index: int) -> int:
+        for s, idx in enumerate(self.stages):
+            if node_index in idx:
+                return s
+        raise IndexError(node_index)
+
+    def LayerStages(self) -> dict:
+        """id(layer) -> the stage of its first node (where its weights live)."""
+        out: dict = {}
+        for s, idx in enumerate(self.stages):
+            for i in idx:
+                out.setdefault(id(self.graph.nodes[i].operation), s)
+        return out
+
+    def Report(self, devices: Sequence[str], batch_size: int | None = None) -> GraphReport:
+        return MakeReport(self, devices, batch_size)
+
+
+def _SplitCounts(graph: Graph, split_points: Sequence[str], num_stages: int, where: str) -> list:
+    names = graph.LayerNames()
+    if len(split_points) != num_stages - 1:
+        raise ValueError(
+            f"{where}: expected num_stages - 1 = {num_stages - 1} split point(s) (layer names "
+            f"where a stage begins), received {len(split_points)}: {list(split_points)}"
+        )
+    starts = []
+    for point in split_points:
+        matches = [i for i, n in enumerate(names) if n == point or n.split("/")[-1] == point]
+        if not matches:
+            raise ValueError(
+                f"{where}: unknown split point {point!r}; expected the name of a layer of the "
+                f"model (nested ones as 'outer/inner'), e.g. {names[len(names) // 2]!r}"
+            )
+        starts.append(matches[0])
+    if starts != sorted(set(starts)) or (starts and starts[0] == 0):
+        raise ValueError(
+            f"{where}: split points {list(split_points)} begin stages at nodes {starts}; "
+            "expected layer names in graph order, after the first layer, each once"
+        )
+    bounds = [0, *starts, len(names)]
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def MakeCut(
+    graph: Graph,
+    num_stages: int,
+    partition: Any = "flops",
+    split_points: Sequence[str] | None = None,
+    where: str = "lingpipe.keras.Pipeline",
+) -> Cut:
+    """Cuts `graph` into `num_stages` stages (by `partition`, or at `split_points`)."""
+    n = len(graph.nodes)
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        raise ValueError(f"{where}: expected num_stages >= 1, received num_stages={num_stages!r}")
+    if num_stages > n:
+        raise ValueError(
+            f"{where}: num_stages={num_stages} is more than the model's {n} layer call(s); "
+            f"expected num_stages <= {n}"
+        )
+    if split_points is not None:
+        policy, costs = "split_points", NodeCosts(graph, "flops")
+        counts = _SplitCounts(graph, list(split_points), num_stages, where)
+    elif isinstance(partition, str):
+        if partition not in POLICIES:
+            raise ValueError(
+                f"{where}: unknown partition={partition!r}; expected one of {POLICIES}, a list "
+                "of node counts per stage, or split_points"
+            )
+        policy, costs = partition, NodeCosts(graph, partition)
+        counts = partition_lib.MinMaxPartition(costs, num_stages)
+    else:
+        policy, costs = f"explicit {list(partition)}", NodeCosts(graph, "flops")
+        try:
+            counts = partition_lib.CheckCounts(partition, n, num_stages)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+    stages, start = [], 0
+    for c in counts:
+        stages.append(list(range(start, start + c)))
+        start += c
+    return Cut(graph, stages, LiveTensors(graph, stages), policy, costs)
+
+
+def LiveTensors(graph: Graph, stages: list[list[int]]) -> list[list]:
+    """live[s]: keys produced before stage s (or model inputs) and used by stage s or
+    later (or model outputs), in a fixed order; live[K]: the model's outputs."""
+    produced_at = {k: -1 for k in graph.input_keys}
+    for n in graph.nodes:
+        for k in n.out_keys:
+            produced_at.setdefault(k, n.index)
+    last_use: dict = {}
+    for n in graph.nodes:
+        for k in n.arg_keys:
+            last_use[k] = max(last_use.get(k, -1), n.index)
+    end = len(graph.nodes)
+    for k in graph.output_keys:
+        last_use[k] = end
+    live = [list(graph.input_keys)]  # the first stage receives every model input
+    for idx in stages[1:]:
+        first = idx[0]
+        live.append(
+            [k for k, at in produced_at.items() if at < first and last_use.get(k, -1) >= first]
+        )
+    live.append(list(dict.fromkeys(graph.output_keys)))
+    return live
+
+
+# ---- Report ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class GraphStageReport:
+    stage: int
+    device: str
+    layers: list[str]
+    num_params: int
+    flops: int  # per example
+    crossing: list[tuple[str, tuple, str]]  # (tensor, shape, dtype) sent to the next stage
+    crossing_bytes: int  # per example
+
+
+@dataclasses.dataclass
+class GraphReport:
+    """How a Keras graph was cut (see `str(report)`)."""
+
+    policy: str
+    stages: list[GraphStageReport]
+    batch_size: int | None = None
+
+    def __str__(self) -> str:
+        scale = self.batch_size or 1
+        per = f"batch {self.batch_size}" if self.batch_size else "per example"
+        lines = [f"partition={self.policy}; FLOPs and bytes {per}"]
+        for s in self.stages:
+            span = s.layers[0] if len(s.layers) == 1 else f"{s.layers[0]}..{s.layers[-1]}"
+            lines.append(
+                f"stage {s.stage} on {s.device}: {len(s.layers)} layer call(s) {span}, "
+                f"params {s.num_params:,}, MFLOPs {s.flops * scale / 1e6:.3f}"
+            )
+            if s.crossing:
+                what = ", ".join(f"{n} {_Shape(sh)} {dt}" for n, sh, dt in s.crossing)
+                lines.append(
+                    f"  -> stage {s.stage + 1}: {len(s.crossing)} tensor(s), "
+                    f"{s.crossing_bytes * scale:,} bytes: {what}"
+                )
+        return "\n".join(lines)
+
+
+def _Shape(shape: tuple) -> str:
+    return "[" + ", ".join("batch" if d is None else str(d) for d in shape) + "]"
+
+
+def _TensorName(graph: Graph, key: Any) -> str:
+    if key in graph.input_keys:
+        return f"input:{graph.model.inputs[graph.input_keys.index(key)].name}"
+    for n in graph.nodes:
+        if key in n.out_keys:
+            i = n.out_keys.index(key)
+            return n.name if len(n.out_keys) == 1 else f"{n.name}[{i}]"
+    return str(key)
+
+
+def MakeReport(cut: Cut, devices: Sequence[str], batch_size: int | None = None) -> GraphReport:
+    graph, seen, stages = cut.graph, set(), []
+    for s, idx in enumerate(cut.stages):
+        params = 0
+        for i in idx:
+            op = graph.nodes[i].operation
+            if id(op) not in seen:
+                seen.add(id(op))
+                params += NodeParams(graph.nodes[i])
+        crossing, nbytes = [], 0
+        if s + 1 < len(cut.stages):
+            for key in cut.live[s + 1]:
+                shape, dtype = graph.shapes[key], graph.dtypes[key]
+                crossing.append((_TensorName(graph, key), shape, dtype))
+                dims = [1 if d is None else int(d) for d in shape[1:]]
+                nbytes += int(np.prod(dims, dtype=np.int64)) * np.dtype(dtype).itemsize
+        stages.append(
+            GraphStageReport(
+                stage=s,
+                device=devices[s],
+                layers=[graph.nodes[i].name for i in idx],
+                num_params=params,
+                flops=sum(NodeFlops(graph.nodes[i]) for i in idx),
+                crossing=crossing,
+                crossing_bytes=nbytes,
+            )
+        )
+    return GraphReport(cut.policy, stages, batch_size)

@@ -1,0 +1,336 @@
+"""GraphPipeline: a built Keras model's graph run as pipeline stages, with its own weights.
+
+    pipe = GraphPipeline(model, num_stages=2, num_micro_batches=4)   # moves the weights
+    y = pipe.FProp(pipe.theta, x)                                    # pipelined forward
+    out = pipe.ForwardBackward(pipe.theta, x, loss_fn, loss_inputs)  # a training step
+
+The graph (lingpipe.keras.graph) is cut into stages; each stage is an
+`executor.Stage` whose run calls the model's own layer objects on its nodes, in
+order, under a `keras.StatelessScope` that maps:
+  - each trainable weight to the stage's variable (so the executor's tape sees it),
+  - each seed generator's state to a stateless seed of the step, the micro-batch
+    and the layer (lingpipe.seeds): a replayed forward draws the same dropout mask,
+  - each non-trainable weight (batch norm's moving statistics) to the value the
+    previous micro-batch's forward on the stage left, in training; the forwards of
+    a stage run in micro-batch order, so after the step each holds what the plain
+    model run on the micro-batches one after another would leave; it is assigned
+    once, after the step. Replayed forwards (recomputation) record nothing.
+
+The model's variables move to their stage's device when the pipeline is made: a
+weight lives where its layer is first used; a layer used on two stages (a tied
+embedding) keeps one variable, and its gradient is the sum of both stages'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras.src.models import functional as keras_functional
+
+from lingpipe import asserts, base_layer, cluster, seeds
+from lingpipe.keras import graph as graph_lib
+from lingpipe.layers import gpipe
+from lingpipe.nested_map import NestedMap
+from lingpipe.pipeline import executor, micro_batch, schedule
+from lingpipe.pipeline.stage_context import Entered, StageContext
+
+try:  # the schedule builders moved to their own module
+    from lingpipe.pipeline import generators as _builders
+except ImportError:  # pragma: no cover
+    _builders = schedule
+
+
+def _Unique(items: list) -> list:
+    return list({id(x): x for x in items}.values())
+
+
+class GraphPipeline:
+    """A Keras model's graph as pipeline stages (see the module docstring).
+
+    Args:
+      model: a built Functional model or keras.Sequential (its variables are moved).
+      num_stages: stages, one device each.
+      num_micro_batches: micro-batches each batch is split into.
+      split_points: layer names where stages 1..K-1 begin, or None to cut by cost.
+      partition: 'flops', 'params', 'uniform', or node counts per stage.
+      schedule: ForwardBackward's order ('gpipe', '1f1b', ...).
+      remat: 'always', 'except_last' or 'never'.
+      devices: one per stage; None takes the cluster's first num_stages.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        num_stages: int = 1,
+        num_micro_batches: int = 1,
+        split_points: Sequence[str] | None = None,
+        partition: Any = "flops",
+        schedule: str = "gpipe",
+        remat: str = "always",
+        devices: Sequence[str] | None = None,
+        where: str = "lingpipe.keras.Pipeline",
+    ) -> None:
+        self._where = where
+        asserts.Positive(num_micro_batches, "num_micro_batches", where=where)
+        asserts.In(remat, gpipe.REMAT_POLICIES, "remat", where=where)
+        self._num_micro_batches, self._schedule_name, self._remat = (
+            num_micro_batches,
+            schedule,
+            remat,
+        )
+        self._functional = graph_lib._Functional(model, where)  # noqa: SLF001
+        self._graph = graph_lib.Trace(model, where)
+        self._cut = graph_lib.MakeCut(self._graph, num_stages, partition, split_points, where)
+        self._devices = self._Devices(devices, num_stages)
+        self.Schedule(num_micro_batches)  # refuses an unknown schedule now
+        self._MoveWeights()
+        self._Index()
+
+    # ---- Construction -----------------------------------------------------------
+
+    def _Devices(self, devices: Sequence[str] | None, num_stages: int) -> list[str]:
+        try:
+            if devices is None:
+                return cluster.StageDevices(num_stages)
+            if len(devices) != num_stages:
+                raise ValueError(
+                    f"expected one device per stage, received {len(devices)} device(s) "
+                    f"{list(devices)} for num_stages={num_stages}"
+                )
+            return [cluster.CanonicalDevice(d) for d in devices]
+        except ValueError as e:
+            raise ValueError(f"{self._where}: num_stages={num_stages}: {e}") from None
+
+    def StageLayers(self) -> list[list[Any]]:
+        """The distinct Keras operations (layers, keras.ops) each stage calls."""
+        nodes = self._graph.nodes
+        return [_Unique([nodes[i].operation for i in idx]) for idx in self._cut.stages]
+
+    def _MoveWeights(self) -> None:
+        """Re-creates each Keras weight's tf.Variable on the device of the stage that
+        first uses its layer (keras.Variable._initialize keeps the Keras objects)."""
+        moved: set = set()
+        with tf.init_scope():
+            for s, layers in enumerate(self.StageLayers()):
+                with tf.device(self._devices[s]):
+                    for layer in layers:
+                        if not isinstance(layer, keras.layers.Layer):
+                            continue
+                        for v in layer.weights:
+                            if id(v) in moved:
+                                continue
+                            moved.add(id(v))
+                            v._initialize(  # noqa: SLF001
+                                tf.Variable(v.value, trainable=v.trainable, name=v.name)
+                            )
+
+    def _Index(self) -> None:
+        """Per stage: its trainable weights, state (non-trainable) weights and seed states."""
+        self._trainable, self._state, self._seeds = [], [], []
+        for layers in self.StageLayers():
+            layers = [x for x in layers if isinstance(x, keras.layers.Layer)]
+            weights = _Unique([w for x in layers for w in x.weights])
+            self._trainable.append([w for w in weights if w.trainable])
+            self._state.append([w for w in weights if not w.trainable])
+            found = {}
+            for x in layers:
+                known = {id(w) for w in x.weights}
+                states = [v for v in x.variables if id(v) not in known]
+                for j, v in enumerate(states):
+                    found.setdefault(id(v), (x.name, j, v))
+            self._seeds.append(list(found.values()))
+        self._theta = _Unique([w.value for ws in self._trainable for w in ws])
+
+    # ---- Introspection ----------------------------------------------------------
+
+    @property
+    def theta(self) -> list:
+        """The trainable tf.Variables, each once, in stage order."""
+        return list(self._theta)
+
+    @property
+    def devices(self) -> list[str]:
+        return list(self._devices)
+
+    @property
+    def cut(self) -> graph_lib.Cut:
+        return self._cut
+
+    def LayerStage(self, layer: Any) -> int:
+        """The stage whose device holds `layer`'s weights."""
+        return self._cut.LayerStages()[id(layer)]
+
+    def PartitionReport(self, batch_size: int | None = None) -> graph_lib.GraphReport:
+        """Per stage: device, layers, params, FLOPs, and the tensors (and bytes) crossing
+        to the next stage, per example or for `batch_size`."""
+        return self._cut.Report(self._devices, batch_size)
+
+    def Schedule(self, num_micro_batches: int) -> schedule.Schedule:
+        try:
+            return _builders.Make(self._schedule_name, len(self._devices), num_micro_batches)
+        except schedule.ScheduleError as e:
+            raise ValueError(f"{self._where}: {e}") from None
+
+    # ---- Running a stage --------------------------------------------------------
+
+    def _StageRun(self, s: int, training: bool, states: dict | None) -> Callable:
+        """run(weights, live inputs) -> live outputs of stage s (see the module).
+
+        `states` ({id(variable): value}) threads the non-trainable weights through the
+        stage's forwards in training; None leaves them as they are (inference)."""
+        graph, cut = self._graph, self._cut
+        trainable, state_vars, seed_vars = self._trainable[s], self._state[s], self._seeds[s]
+
+        def Run(weights: list, live: Any) -> tuple:
+            values = dict(zip(cut.live[s], tf.nest.flatten(live)))
+            mapping = list(zip(trainable, weights))
+            for name, j, v in seed_vars:
+                seed = seeds.StatelessSeed(f"{self._where}/{name}/{j}", 0)
+                mapping.append((v, tf.cast(seed, v.dtype)))
+            record = states is not None and not base_layer.IsRecomputing()
+            if record:
+                mapping += [(v, states[id(v)]) for v in state_vars if id(v) in states]
+            with keras.StatelessScope(mapping, initialize_variables=False) as scope:
+                for i in cut.stages[s]:
+                    _CallNode(graph.nodes[i], values, training)
+            if record:
+                for v in state_vars:
+                    new = scope.get_current_value(v)
+                    if new is not None:
+                        states[id(v)] = new
+            return tuple(values[k] for k in cut.live[s + 1])
+
+        return Run
+
+    def _Contexts(self) -> Callable[[int, int], StageContext]:
+        scope = seeds.CurrentScopeValues()
+        return lambda s, m: StageContext(s, self._devices[s], m, scope + (m,))
+
+    def _FlatInputs(self, inputs: Any) -> tuple:
+        """The model's inputs, flat in model.inputs order and cast to their dtypes."""
+        return tuple(self._functional._standardize_inputs(inputs))  # noqa: SLF001
+
+    def _PackOutputs(self, flat: Sequence[Any]) -> Any:
+        out = keras.tree.pack_sequence_as(
+            self._functional._outputs_struct,  # noqa: SLF001
+            [flat[self._cut.live[-1].index(k)] for k in self._graph.output_keys],
+        )
+        return keras_functional.unpack_singleton(out)
+
+    def _Sizes(self, flat: tuple) -> list:
+        batch = micro_batch.BatchSize(flat, 0, self._where)
+        return micro_batch.Sizes(batch, self._num_micro_batches, self._where)
+
+    def _ApplyStates(self, states: dict) -> None:
+        by_id = {id(v): v for vs in self._state for v in vs}
+        for key, value in states.items():
+            by_id[key].assign(value)
+
+    # ---- The two ways to run ----------------------------------------------------
+
+    def FProp(self, theta: list, inputs: Any) -> Any:
+        """The pipelined forward, fill-drain (training unless in base_layer.EvalMode).
+
+        inputs: nested as the model's inputs, each [batch, ...] -> the model's outputs.
+        """
+        training = not base_layer.DoEval()
+        flat = self._FlatInputs(inputs)
+        sizes = self._Sizes(flat)
+        num_micro, num_stages = len(sizes), len(self._devices)
+        states = {} if training else None
+        runs = [self._StageRun(s, training, states) for s in range(num_stages)]
+        weights = self._StageWeights(theta)
+        context = self._Contexts()
+        with tf.device(self._devices[0]):
+            state = micro_batch.Split(flat, sizes, 0)
+        for tick in _builders.ForwardTicks(num_stages, num_micro):
+            for s, m in tick:
+                with Entered(context(s, m)), tf.name_scope(f"F_s{s}_mb{m}"):
+                    state[m] = runs[s](weights[s], state[m])
+        with tf.device(self._devices[-1]):
+            merged = micro_batch.Merge(list(state), sizes, 0) if num_micro > 1 else state[0]
+        if states:
+            self._ApplyStates(states)
+        return self._PackOutputs(merged)
+
+    def _StageWeights(self, theta: list) -> list[list]:
+        """Stage s's values of its trainable weights, from theta (aligned with .theta)."""
+        by_ref = {v.ref(): t for v, t in zip(self._theta, tf.nest.flatten(theta))}
+        return [[by_ref[w.value.ref()] for w in ws] for ws in self._trainable]
+
+    def KeptActivations(self, sched: schedule.Schedule) -> set:
+        """(stage, micro-batch) pairs whose activations are kept (as PipeliningLayer's)."""
+        like = SimpleNamespace(params=SimpleNamespace(remat=self._remat))
+        return gpipe.PipeliningLayer.KeptActivations(like, sched)
+
+    def ForwardBackward(
+        self,
+        theta: list,
+        inputs: Any,
+        loss_fn: Callable[[Any, Any], NestedMap],
+        loss_inputs: Any = None,
+    ) -> NestedMap:
+        """One training step in the schedule's order (lingpipe.pipeline.executor).
+
+        Args:
+          theta: like .theta.
+          inputs: nested as the model's inputs, each [batch, ...].
+          loss_fn: (the model's outputs, loss inputs) of a micro-batch -> NestedMap of
+            (value, weight) metrics with 'loss', run on the last stage.
+          loss_inputs: split into micro-batches beside the inputs (None: loss_fn gets None).
+
+        Returns:
+          NestedMap(metrics, theta_grads: aligned with theta, each weight's gradient
+          summed over the stages that use it, variable_grads: {ref: grad} of variables
+          loss_fn read).
+        """
+        flat = self._FlatInputs(inputs)
+        sizes = self._Sizes(flat)
+        sched = self.Schedule(len(sizes))
+        with tf.device(self._devices[0]), tf.name_scope("split"):
+            micro_args = micro_batch.Split(flat, sizes, 0)
+        micro_loss = [None] * len(sizes)
+        if loss_inputs is not None:
+            with tf.device(self._devices[-1]), tf.name_scope("split_loss"):
+                micro_loss = micro_batch.Split(loss_inputs, sizes, 0)
+        states: dict = {}
+        weights = self._StageWeights(theta)
+        stages = [
+            executor.Stage(weights[s], self._StageRun(s, True, states))
+            for s in range(len(self._devices))
+        ]
+        kept = self.KeptActivations(sched)
+        result = executor.Run(
+            sched,
+            stages,
+            micro_args,
+            lambda outputs, li: loss_fn(self._PackOutputs(outputs), li),
+            micro_loss,
+            lambda s, m: (s, m) in kept,
+            self._Contexts(),
+        )
+        self._ApplyStates(states)
+        sums: dict = {}
+        for ws, grads in zip(self._trainable, result.weight_grads):
+            for w, g in zip(ws, grads):
+                if g is not None:
+                    ref = w.value.ref()
+                    sums[ref] = g if ref not in sums else sums[ref] + g
+        return NestedMap(
+            metrics=result.metrics,
+            theta_grads=[sums.get(v.ref()) for v in self._theta],
+            variable_grads=result.extra_grads,
+        )
+
+
+def _CallNode(node: graph_lib.GraphNode, values: dict, training: bool) -> None:
+    """Calls the node's operation on the values of its arguments; records its outputs."""
+    tensors = {id(kt): values[k] for kt, k in zip(node.node.arguments.keras_tensors, node.arg_keys)}
+    args, kwargs = node.node.arguments.fill_in(tensors)
+    outputs = keras_functional.operation_fn(node.operation, training=training)(*args, **kwargs)
+    for key, y in zip(node.out_keys, keras.tree.flatten(outputs)):
+        values[key] = y

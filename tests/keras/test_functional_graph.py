@@ -1,0 +1,146 @@
+"""lingpipe.keras.Pipeline on a nested Functional model: cut at layer names, the partition
+report's crossing tensors, equality with the plain model, errors in one line."""
+
+import keras
+import numpy as np
+import pytest
+
+import lingpipe.keras as lpk
+
+DEVICES = ["/device:CPU:1", "/device:CPU:2", "/device:CPU:3"]
+
+
+def _Classifier():
+    """x [batch, 8] -> backbone (dense1, dense2, + dense1: a skip) -> head -> logits [batch, 3]."""
+    feat = keras.Input((8,), name="feat")
+    h = keras.layers.Dense(16, activation="relu", name="b_dense1")(feat)
+    h2 = keras.layers.Dense(16, activation="tanh", name="b_dense2")(h)
+    backbone = keras.Model(feat, keras.layers.Add(name="b_add")([h, h2]), name="backbone")
+    x = keras.Input((8,), name="x")
+    h = keras.layers.Dense(8, activation="relu", name="head")(backbone(x))
+    return keras.Model(x, keras.layers.Dense(3, name="logits")(h), name="classifier")
+
+
+def _PlainCopy(model):
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def _Data():
+    rng = np.random.RandomState(0)
+    return rng.randn(16, 8).astype(np.float32), rng.randint(0, 3, 16)
+
+
+def test_nested_backbone_cut_at_layer_names_equals_plain_model():
+    keras.utils.set_random_seed(3)
+    model = _Classifier()
+    plain = _PlainCopy(model)
+    pipe = lpk.Pipeline(
+        model,
+        num_stages=3,
+        num_micro_batches=2,
+        split_points=["b_dense2", "head"],
+        devices=DEVICES,
+    )
+    stages = pipe.pipeline.cut.stages
+    names = [[pipe.pipeline.cut.graph.nodes[i].name for i in idx] for idx in stages]
+    assert names == [
+        ["backbone/b_dense1"],
+        ["backbone/b_dense2", "backbone/b_add"],
+        ["head", "logits"],
+    ]
+    layers = {x.name: x for x in model.get_layer("backbone").layers + model.layers}
+    assert layers["b_dense1"].kernel.value.device.endswith("CPU:1")
+    assert layers["b_add"] is not None and layers["b_dense2"].kernel.value.device.endswith("CPU:2")
+    assert layers["logits"].kernel.value.device.endswith("CPU:3")
+    x, y = _Data()
+    np.testing.assert_allclose(pipe.predict(x, verbose=0), plain.predict(x, verbose=0), atol=1e-6)
+    for m in (pipe, plain):
+        m.compile(
+            optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        m.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(model.weights, plain.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5, err_msg=a.path)
+
+
+def test_partition_report_lists_crossing_tensors_and_bytes():
+    model = _Classifier()
+    pipe = lpk.Pipeline(
+        model, num_stages=2, num_micro_batches=2, split_points=["b_dense2"], devices=DEVICES[:2]
+    )
+    text = str(pipe.pipeline.PartitionReport(batch_size=4))
+    # b_dense1's output is read by b_dense2 and, through the skip, by b_add: it crosses once.
+    assert "-> stage 1: 1 tensor(s), 256 bytes: backbone/b_dense1 [batch, 16] float32" in text
+    assert "stage 0 on /device:CPU:1: 1 layer call(s) backbone/b_dense1, params 144" in text
+    assert "stage 1 on /device:CPU:2: 4 layer call(s) backbone/b_dense2..logits" in text
+    report = pipe.pipeline.PartitionReport()
+    assert [s.crossing_bytes for s in report.stages] == [64, 0]
+
+
+def test_two_crossing_tensors_at_a_cut_inside_the_skip():
+    """A cut between b_dense2 and b_add sends both branches: the skip and the activation."""
+    model = _Classifier()
+    pipe = lpk.Pipeline(
+        model, num_stages=2, num_micro_batches=2, split_points=["b_add"], devices=DEVICES[:2]
+    )
+    crossing = pipe.pipeline.PartitionReport().stages[0].crossing
+    assert [name for name, _, _ in crossing] == ["backbone/b_dense1", "backbone/b_dense2"]
+
+
+def test_sequential_with_and_without_input_is_pipelined():
+    keras.utils.set_random_seed(4)
+    x, _ = _Data()
+    for seq in (
+        keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(2)]),
+        keras.Sequential([keras.layers.Dense(4), keras.layers.Dense(2)]),
+    ):
+        if not seq.built:
+            seq.build((None, 8))
+        plain = _PlainCopy(seq)
+        pipe = lpk.Pipeline(seq, num_stages=2, num_micro_batches=2, devices=DEVICES[:2])
+        np.testing.assert_allclose(
+            pipe.predict(x, verbose=0), plain.predict(x, verbose=0), atol=1e-6
+        )
+
+
+def test_unknown_split_point_is_one_line():
+    with pytest.raises(
+        ValueError, match=r"unknown split point 'no_such_layer'; expected the name"
+    ) as e:
+        lpk.Pipeline(
+            _Classifier(), num_stages=2, split_points=["no_such_layer"], devices=DEVICES[:2]
+        )
+    assert "\n" not in str(e.value)
+
+
+def test_more_stages_than_layer_calls_is_one_line():
+    with pytest.raises(
+        ValueError,
+        match=r"num_stages=6 is more than the model.s 5 layer call\(s\); expected num_stages <= 5",  # noqa: E501
+    ) as e:
+        lpk.Pipeline(_Classifier(), num_stages=6, devices=[f"/device:CPU:{i}" for i in range(6)])
+    assert "\n" not in str(e.value)
+
+
+def test_split_points_count_must_match_stages():
+    with pytest.raises(
+        ValueError, match=r"expected num_stages - 1 = 2 split point\(s\).*received 1"
+    ):
+        lpk.Pipeline(_Classifier(), num_stages=3, split_points=["head"], devices=DEVICES)
+
+
+def test_unbuilt_sequential_and_subclassed_model_are_refused():
+    with pytest.raises(ValueError, match=r"received keras.Sequential .* that is not built"):
+        lpk.Pipeline(keras.Sequential([keras.layers.Dense(2)]), num_stages=1)
+
+    class Sub(keras.Model):
+        def call(self, x):
+            return x
+
+    with pytest.raises(
+        TypeError, match=r"expected a built Keras 3 Functional model .* received Sub"
+    ):
+        lpk.Pipeline(Sub(), num_stages=1)
