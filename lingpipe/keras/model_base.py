@@ -77,6 +77,12 @@ def EnsureDevices(num_stages: int, devices: Sequence[str] | None, where: str) ->
         ) from None
 
 
+# The pipeline's message for a batch smaller than num_micro_batches (checked at trace time
+# when the batch is known, else by an assertion at run time), and terminal colour codes.
+_TOO_SMALL = re.compile(r"[^\s\[\]]+: [^\n\[\]]*num_micro_batches[^\n\[\]]*")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 class _NoLossMetrics:
     """Stands in for CompileLoss' per-output loss metrics while a micro-batch's loss is
     computed (they are updated once, on the whole batch): every metric is None."""
@@ -264,26 +270,29 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         non-first call"); a fresh one traces from scratch."""
         self.train_function = self.test_function = self.predict_function = None
 
-    def fit(self, *args: Any, **kwargs: Any) -> Any:
+    def _Guarded(self, run: Any, *args: Any, **kwargs: Any) -> Any:
+        """Runs Keras' fit, evaluate or predict; after an error, no traced function is
+        kept, and a batch smaller than the micro-batch count is said in one line."""
         try:
-            return super().fit(*args, **kwargs)
+            return run(*args, **kwargs)
+        except (ValueError, tf.errors.InvalidArgumentError) as e:
+            self._DropTracedFunctions()
+            found = _TOO_SMALL.search(_ANSI.sub("", str(e)))
+            if found is None:
+                raise
+            raise ValueError(f"{type(self).__name__} {self.name!r}: {found.group(0)}") from None
         except BaseException:
             self._DropTracedFunctions()
             raise
+
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
+        return self._Guarded(super().fit, *args, **kwargs)
 
     def evaluate(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().evaluate(*args, **kwargs)
-        except BaseException:
-            self._DropTracedFunctions()
-            raise
+        return self._Guarded(super().evaluate, *args, **kwargs)
 
     def predict(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().predict(*args, **kwargs)
-        except BaseException:
-            self._DropTracedFunctions()
-            raise
+        return self._Guarded(super().predict, *args, **kwargs)
 
     def _ServingSignature(self) -> list:
         """[the inputs' structure of tf.TensorSpec (batch None)]: one positional argument."""

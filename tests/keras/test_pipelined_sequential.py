@@ -122,3 +122,60 @@ def test_errors_say_what_was_received():
     x, y = _Data()
     with pytest.raises(ValueError, match=r"input_shape=\(5,\).*or call the model on a batch"):
         model.fit(x, y, verbose=0)
+
+
+def _InputSequential(kind):
+    if kind == "conv":  # the form README's Keras section shows
+        return [
+            keras.Input((28, 28, 1)),
+            keras.layers.Conv2D(2, 5, strides=3, activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(4),
+        ]
+    return [keras.Input((5,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)]
+
+
+@pytest.mark.parametrize("kind", ["conv", "mlp"])
+def test_a_keras_sequential_that_starts_with_keras_input_trains(kind):
+    model = lpk.PipelinedSequential(
+        keras.Sequential(_InputSequential(kind)), num_stages=2, num_micro_batches=2
+    )
+    ref = keras.Sequential(_InputSequential(kind))
+    ref.set_weights(model.get_weights())
+    rng = np.random.RandomState(0)
+    shape = (28, 28, 1) if kind == "conv" else (5,)
+    x = rng.randn(8, *shape).astype(np.float32)
+    y = rng.randn(8, 4 if kind == "conv" else 3).astype(np.float32)
+    for m in (model, ref):
+        m.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    test_utils.AssertAllClose(model.get_weights(), ref.get_weights(), rtol=1e-5, atol=1e-6)
+
+
+@keras.saving.register_keras_serializable(package="lingpipe_test")
+class ScaleFeatures(keras.layers.Layer):
+    """A custom subclassed layer: y = x * scale (a trained weight per feature)."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="scale")
+
+    def call(self, inputs):
+        return inputs * self.scale
+
+
+def test_a_registered_custom_layer_trains():
+    def Layers():
+        return [keras.layers.Dense(4, activation="tanh"), ScaleFeatures(), keras.layers.Dense(3)]
+
+    model = lpk.PipelinedSequential(
+        Layers(), num_stages=2, num_micro_batches=2, input_shape=(5,), devices=DEVICES[:2]
+    )
+    assert isinstance(model.pipeline_layers[1], ScaleFeatures)
+    ref = keras.Sequential([keras.Input((5,))] + Layers())
+    ref.set_weights(model.get_weights())
+    x, y = _Data()
+    for m in (model, ref):
+        m.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+        m.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    test_utils.AssertAllClose(model.get_weights(), ref.get_weights(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(model.pipeline_layers[1].scale.numpy(), 1.0)  # it did train
