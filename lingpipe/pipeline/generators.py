@@ -30,16 +30,9 @@ from lingpipe.pipeline.schedule import (
 )
 
 SCHEDULES = (
-    "gpipe",
-    "1f1b",
-    "interleaved_1f1b",
-    "zero_bubble",
-    "zbv",
-    "looped_bfs",
-    "interleaved_zero_bubble",
-    "dualpipev",
-    "forward_only",
-)
+    "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "looped_bfs",
+    "interleaved_zero_bubble", "dualpipev", "forward_only",
+)  # fmt: skip
 # Names that take num_virtual_stages v > 1 (loop placement); V-shaped ones always have 2.
 VIRTUAL = ("interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "forward_only")
 V_SHAPED = ("zbv", "dualpipev")
@@ -59,108 +52,6 @@ def _Built(name: str, k: int, m: int, acts: list, v: int = 1, placement: tuple |
     """The Schedule of device lists `acts`: K * v stages placed by `placement` (None: loop)."""
     num_stages = len(placement) if placement else k * v
     return Schedule(name, k, num_stages, m, tuple(tuple(a) for a in acts), placement)
-
-
-def GPipe(num_stages: int, num_micro_batches: int) -> Schedule:
-    """Fill-drain: each device runs every forward, then every backward, last micro-batch first."""
-    k_total, m_total = num_stages, num_micro_batches
-    devices = []
-    for k in range(k_total):
-        acts = [Action(FORWARD, k, m) for m in range(m_total)]
-        acts += [Action(BACKWARD, k, m) for m in reversed(range(m_total))]
-        devices.append(acts)
-    return _Built("gpipe", k_total, m_total, devices)
-
-
-def _OneFOneBOrder(warmup: int, total: int) -> list[tuple[str, int]]:
-    """`warmup` forwards, then one forward and one backward at a time, then the backwards."""
-    order = [(FORWARD, i) for i in range(warmup)]
-    for i in range(total - warmup):
-        order += [(FORWARD, warmup + i), (BACKWARD, i)]
-    order += [(BACKWARD, i) for i in range(total - warmup, total)]
-    return order
-
-
-def OneFOneB(num_stages: int, num_micro_batches: int) -> Schedule:
-    """1F1B (PipeDream-flush): device k warms up with K-k-1 forwards, then alternates.
-
-    Stage k never holds the activations of more than K-k micro-batches, where
-    GPipe holds M; the bubble is GPipe's.
-    """
-    k_total, m_total = num_stages, num_micro_batches
-    devices = []
-    for k in range(k_total):
-        order = _OneFOneBOrder(min(k_total - k - 1, m_total), m_total)
-        devices.append([Action(kind, k, m) for kind, m in order])
-    return _Built("1f1b", k_total, m_total, devices)
-
-
-def _Rounds(k: int, m: int, v: int, reverse: bool = False) -> tuple[list[tuple[int, int]], int]:
-    """((chunk, micro-batch) in Megatron's order, the first round's size): micro-batches
-    in M // K rounds of K or more (sizes as even as they can be), each round through
-    every chunk (backwards: last chunk first). A round of at least K keeps chunk c+1's
-    first forward from waiting on the pipeline's fill."""
-    n = max(1, m // k)
-    sizes = [m // n + (1 if i < m % n else 0) for i in range(n)]
-    chunks = list(reversed(range(v))) if reverse else list(range(v))
-    order, start = [], 0
-    for size in sizes:
-        order += [(c, mb) for c in chunks for mb in range(start, start + size)]
-        start += size
-    return order, sizes[0]
-
-
-def Interleaved1F1B(num_devices: int, num_micro_batches: int, num_virtual_stages: int) -> Schedule:
-    """Megatron's interleaved 1F1B: device d holds stages d, d+K, ..., d+(v-1)K.
-
-    Micro-batches go through a device's chunks in rounds of K (M // K rounds of K or
-    more when K does not divide M); the backwards take the chunks in reverse. The
-    warm-up is 2 (K-d-1) + (v-1) R forwards, R the first round's size. Shrinks the
-    bubble v times at the cost of v times more boundary traffic.
-    """
-    k_total, m_total, v = num_devices, num_micro_batches, num_virtual_stages
-    if v > 1 and m_total < k_total:
-        raise ScheduleError(
-            f"schedule 'interleaved_1f1b': expected num_micro_batches >= num_stages={k_total} "
-            f"(micro-batches go through each device's chunks in rounds of {k_total}); "
-            f"received num_micro_batches={m_total}"
-        )
-    (forwards, size), (backwards, _) = (
-        _Rounds(k_total, m_total, v),
-        _Rounds(k_total, m_total, v, True),
-    )
-    devices = []
-    for d in range(k_total):
-        warmup = (k_total - d - 1) * 2 + (v - 1) * size if v > 1 else k_total - d - 1
-        acts = []
-        for kind, i in _OneFOneBOrder(min(warmup, len(forwards)), len(forwards)):
-            chunk, m = (forwards if kind == FORWARD else backwards)[i]
-            acts.append(Action(kind, chunk * k_total + d, m))
-        devices.append(acts)
-    return _Built("interleaved_1f1b", k_total, m_total, devices, v)
-
-
-def LoopedBFS(num_devices: int, num_micro_batches: int, num_virtual_stages: int) -> Schedule:
-    """Breadth-first over chunks (loop placement): every micro-batch through a device's
-    chunk 0, then chunk 1, ...; then the backwards, last chunk and last micro-batch
-    first. GPipe's memory (all M alive on every chunk), fewer boundary waits."""
-    k, m, v = num_devices, num_micro_batches, num_virtual_stages
-    devices = []
-    for d in range(k):
-        acts = [Action(FORWARD, c * k + d, mb) for c in range(v) for mb in range(m)]
-        acts += [
-            Action(BACKWARD, c * k + d, mb) for c in reversed(range(v)) for mb in reversed(range(m))
-        ]
-        devices.append(acts)
-    return _Built("looped_bfs", k, m, devices, v)
-
-
-def ForwardOnly(num_devices: int, num_micro_batches: int, num_virtual_stages: int = 1) -> Schedule:
-    """Forwards only (evaluation, prediction): each device runs its forwards in
-    micro-batch order, in rounds of K through its chunks when it holds several."""
-    k, m, v = num_devices, num_micro_batches, num_virtual_stages
-    devices = [[Action(FORWARD, c * k + d, mb) for c, mb in _Rounds(k, m, v)[0]] for d in range(k)]
-    return _Built("forward_only", k, m, devices, v)
 
 
 class _Device:
@@ -189,29 +80,62 @@ class _Device:
             self.acts.append(self.owed.pop(0))
 
 
-def ZeroBubble(
-    num_devices: int, num_micro_batches: int, num_virtual_stages: int = 1, name: str = "zero_bubble"
+def BreadthFirst(
+    name: str, num_devices: int, num_micro_batches: int, num_virtual_stages: int = 1
 ) -> Schedule:
-    """ZB-H1 (Qi et al., 2024; v = 1) and its interleaved form ZB1P (v > 1).
+    """Every micro-batch through a device's chunk 0, then chunk 1, ... (loop placement),
+    then the backwards, last chunk and last micro-batch first: `gpipe` (v = 1, the
+    fill-drain), `looped_bfs`, and `forward_only` (no backwards: evaluation). All M
+    micro-batches stay alive on every chunk."""
+    k, m, v = num_devices, num_micro_batches, num_virtual_stages
+    devices = []
+    for d in range(k):
+        stages = [c * k + d for c in range(v)]
+        acts = [Action(FORWARD, s, mb) for s in stages for mb in range(m)]
+        if name != "forward_only":
+            acts += [Action(BACKWARD, s, mb) for s in stages[::-1] for mb in reversed(range(m))]
+        devices.append(acts)
+    return _Built(name, k, m, devices, v)
 
-    Device d warms up with (v-1) R + K-d-1 forwards (R: the first round's size, K when
-    K divides M; v = 1: 1F1B's warm-up), then runs one
-    forward and one input gradient I at a time (Megatron's chunk order when v > 1),
-    then the remaining I's; each W follows d I's behind its own, so the W's fill
-    what would be bubbles and no device holds more than K micro-batches per chunk
-    alive. Bubble under F = I = W = 1: (K-1) / (3M + K-1) for v = 1.
+
+def _Rounds(k: int, m: int, v: int, reverse: bool = False) -> tuple[list[int], int]:
+    """(the chunk of each forward (backward) in Megatron's order, the first round's size):
+    micro-batches in M // K rounds of K or more (sizes as even as can be), each round
+    through every chunk (backwards: last chunk first). A round of at least K keeps
+    chunk c+1's first forward from waiting on the pipeline's fill."""
+    n = max(1, m // k)
+    sizes = [m // n + (1 if i < m % n else 0) for i in range(n)]
+    chunks = list(reversed(range(v))) if reverse else list(range(v))
+    return [c for size in sizes for c in chunks for _ in range(size)], sizes[0]
+
+
+def OneForwardOneBackward(
+    name: str, num_devices: int, num_micro_batches: int, num_virtual_stages: int = 1
+) -> Schedule:
+    """The 1F1B family on the loop placement: a warm-up of forwards, then one forward
+    and one backward at a time, then the remaining backwards; with v chunks per device
+    the micro-batches go through them in rounds (Megatron's interleaving, for any M).
+
+    - `1f1b` (v = 1; PipeDream-flush): warm-up K-d-1; device d holds at most K-d.
+    - `interleaved_1f1b`: warm-up 2 (K-d-1) + (v-1) R, R the first round's size.
+    - `zero_bubble` (ZB-H1, Qi et al. 2024) and `interleaved_zero_bubble` (ZB1P): the
+      backward split into I and W, warm-up (v-1) R + K-d-1, each W paid d I's behind
+      its own so the W's fill what would be bubbles; at most K micro-batches per chunk
+      alive. Bubble under F = I = W = 1: (K-1) / (3M + K-1) for v = 1.
     """
     k, m, v = num_devices, num_micro_batches, num_virtual_stages
+    split = "zero_bubble" in name
     (forwards, size), (backwards, _) = _Rounds(k, m, v), _Rounds(k, m, v, True)
     devices = []
     for d in range(k):
         dev = _Device(m)
-        warmup = min((v - 1) * size + k - d - 1, len(forwards))
+        warmup = (v - 1) * size + (k - d - 1) * (2 if v > 1 and not split else 1)
+        warmup = min(warmup, len(forwards))
         for i in range(len(forwards) + warmup):
             if i < len(forwards):
-                dev.Add(FORWARD, forwards[i][0] * k + d)
+                dev.Add(FORWARD, forwards[i] * k + d)
             if i >= warmup:
-                dev.Add(BACKWARD_INPUT, backwards[i - warmup][0] * k + d)
+                dev.Add(BACKWARD_INPUT if split else BACKWARD, backwards[i - warmup] * k + d)
                 if i - warmup >= d:
                     dev.PayW()
         dev.PayW(len(dev.owed))
@@ -296,16 +220,16 @@ def DualPipeV(num_devices: int, num_micro_batches: int) -> Schedule:
     return _Built("dualpipev", k, m, devices, placement=VPlacement(k))
 
 
-_BUILDERS: dict[str, Callable[[int, int, int], Schedule]] = {
-    "gpipe": lambda k, m, v: GPipe(k, m),
-    "1f1b": lambda k, m, v: OneFOneB(k, m),
-    "interleaved_1f1b": Interleaved1F1B,
-    "zero_bubble": lambda k, m, v: ZeroBubble(k, m),
-    "zbv": lambda k, m, v: ZBV(k, m),
-    "looped_bfs": LoopedBFS,
-    "interleaved_zero_bubble": lambda k, m, v: ZeroBubble(k, m, v, "interleaved_zero_bubble"),
-    "dualpipev": lambda k, m, v: DualPipeV(k, m),
-    "forward_only": ForwardOnly,
+_BUILDERS: dict[str, Callable[[str, int, int, int], Schedule]] = {
+    "gpipe": BreadthFirst,
+    "1f1b": OneForwardOneBackward,
+    "interleaved_1f1b": OneForwardOneBackward,
+    "zero_bubble": OneForwardOneBackward,
+    "zbv": lambda name, k, m, v: ZBV(k, m),
+    "looped_bfs": BreadthFirst,
+    "interleaved_zero_bubble": OneForwardOneBackward,
+    "dualpipev": lambda name, k, m, v: DualPipeV(k, m),
+    "forward_only": BreadthFirst,
 }
 
 
@@ -332,16 +256,12 @@ def Make(
     _Check("num_micro_batches", num_micro_batches)
     _Check("num_virtual_stages", num_virtual_stages)
     if num_virtual_stages > (2 if name in V_SHAPED else 1) and name not in VIRTUAL:
+        runs = "two stages per device (V placement)" if name in V_SHAPED else "one per device"
         raise ScheduleError(
             f"schedule {name!r}: num_virtual_stages={num_virtual_stages} needs one of "
-            f"{', '.join(VIRTUAL)}; {name!r} runs "
-            + (
-                "two stages per device (V placement)"
-                if name in V_SHAPED
-                else "one stage per device"
-            )
+            f"{', '.join(VIRTUAL)}; {name!r} runs {runs}"
         )
-    sched = _BUILDERS[name](num_stages, num_micro_batches, num_virtual_stages)
+    sched = _BUILDERS[name](name, num_stages, num_micro_batches, num_virtual_stages)
     simulate.Simulate(sched)  # raises ScheduleError if it cannot run
     return sched
 

@@ -291,8 +291,8 @@ def test_errors_name_what_was_received():
         ValueError, match=r"num_stages=2 x num_virtual_stages=3 = 6 chunks is greater"
     ):
         Pipeline([Mlp()] * 4, 2, 4, schedule="interleaved_1f1b", num_virtual_stages=3)
-    with pytest.raises(ValueError, match=r"num_micro_batches=3 must be a multiple of num_stages=2"):
-        Pipeline([Mlp()] * 4, 2, 3, schedule="interleaved_1f1b", num_virtual_stages=2)
+    with pytest.raises(ValueError, match=r"expected num_micro_batches >= 2 \* num_stages = 4"):
+        Pipeline([Mlp()] * 4, 2, 3, schedule="dualpipev")
     pipe = Pipeline([Mlp()] * 4, 2, 2, schedule="1f1b")
     x = tf.random.normal([4, DIMS])
     with pytest.raises(
