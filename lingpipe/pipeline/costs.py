@@ -25,7 +25,7 @@ def _Shape(shape: Any) -> Any:
     return base_layer.ToShape(shape)
 
 
-def _AsArgs(outputs: Any) -> tuple:
+def AsArgs(outputs: Any) -> tuple:
     """The positional arguments that a cell's outputs become for the next cell."""
     return outputs if isinstance(outputs, tuple) else (outputs,)
 
@@ -119,5 +119,5 @@ def ProfileCells(
             tf.nest.map_structure(lambda t: t.numpy(), Step(*args))
             best = min(best, time.perf_counter() - start)
         seconds.append(best)
-        args = _AsArgs(out)
+        args = AsArgs(out)
     return seconds

@@ -13,7 +13,7 @@ Per stage, four terms:
   zero bubble); a micro-batch whose activations are kept (remat 'never', or the
   one 'except_last' keeps) holds its full activations instead, and a backward that
   replays the forward holds one micro-batch's full activations while it runs.
-  `ActivationBytes` sweeps the schedule's simulated time for the largest sum.
+  `ActivationEvents` and `PeakOf` sweep the schedule's simulated time for the largest sum.
 
 A cell's full activations are measured, not guessed: `TraceCell` builds the cell
 in a throw-away graph (no memory is allocated, so a model too big for the machine
@@ -35,7 +35,7 @@ from typing import Any
 import tensorflow as tf
 
 from lingpipe import base_layer, hyperparams
-from lingpipe.pipeline import simulate
+from lingpipe.pipeline import costs, simulate
 from lingpipe.pipeline.schedule import (
     BACKWARD,
     BACKWARD_INPUT,
@@ -155,14 +155,9 @@ def _TraceInGraph(parent_p: hyperparams.Params, cell_p: Any, in_specs: tuple) ->
         output_saved_bytes=sum(b for r, b in saved.items() if r in outputs_ref),
         output_bytes=sum(_Bytes(y) for y in tf.nest.flatten(outputs)),
         out_specs=tf.nest.map_structure(
-            lambda y: tf.TensorSpec(y.shape, y.dtype), _AsArgs(outputs)
+            lambda y: tf.TensorSpec(y.shape, y.dtype), costs.AsArgs(outputs)
         ),
     )
-
-
-def _AsArgs(outputs: Any) -> tuple:
-    """The positional arguments that a cell's outputs become for the next cell."""
-    return outputs if isinstance(outputs, tuple) else (outputs,)
 
 
 _TRACES: dict[tuple[str, str], CellMemory] = {}
@@ -292,13 +287,6 @@ def PeakOf(events: Sequence[tuple[float, int]]) -> int:
         total += delta
         peak = max(peak, total)
     return peak
-
-
-def ActivationBytes(
-    sim: Any, num_micro_batches: int, stage: int, kept: set, boundary: int, internal: int
-) -> int:
-    """The most bytes of activations stage `stage` holds at once (ActivationEvents)."""
-    return PeakOf(ActivationEvents(sim, num_micro_batches, stage, kept, boundary, internal))
 
 
 def DeviceMemory(stages: Sequence[StageMemory]) -> StageMemory:
