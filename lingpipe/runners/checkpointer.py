@@ -204,8 +204,12 @@ class Checkpointer:
         found = self.checkpoints
         return found[-1] if found else None
 
-    def Restore(self) -> str | None:
+    def Restore(self, partial: bool = False) -> str | None:
         """Restores the newest readable checkpoint; returns its path, or None if there is none.
+
+        `partial`: the checkpoint may hold values these objects do not (evaluation and
+        export read a training checkpoint without the optimizer's slots); TensorFlow
+        would warn of each of them once the objects are deleted.
 
         Raises:
           CheckpointError: there are checkpoints but none of them can be read.
@@ -215,7 +219,10 @@ class Checkpointer:
         for path in candidates:
             try:
                 with ReadablePath(path) as readable:
-                    self._checkpoint.restore(readable).assert_existing_objects_matched()
+                    status = self._checkpoint.restore(readable)
+                    status.assert_existing_objects_matched()
+                if partial:
+                    status.expect_partial()
             except Exception as e:  # noqa: BLE001 (any unreadable checkpoint means: try the next)
                 reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 failures.append((path, reason))
@@ -283,7 +290,7 @@ def RestoreLatest(directory: str, tasks: list) -> int | None:
     """
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     reader = Checkpointer(directory, writable=False, task=tasks[0], global_step=global_step)
-    path = reader.Restore()
+    path = reader.Restore(partial=True)
     if path is None:
         return None
     ReadTasks(path, tasks[1:])

@@ -557,6 +557,27 @@ class Trainer:
             "train.clip_gradient_norm_to_value, or check the input."
         )
 
+    def _AtMinScale(self, scalars: dict[str, float]) -> bool:
+        """Whether the loss scale cannot go lower (a run whose steps overflowed above it
+        may still find a scale that works)."""
+        if "loss_scale" not in scalars:
+            return False
+        # The scale is a float32 variable: compare in float32.
+        return scalars["loss_scale"] <= np.float32(self._task.params.train.loss_scale.min_scale)
+
+    def _NeverUpdated(self, first: int, last: int, scalars: dict[str, float]) -> None:
+        """Raises NonFiniteError: every step of this run was skipped (float16's loss scale
+        overflowed each time), so it must not end as a success; the final step is not
+        saved."""
+        ls = self._task.params.train.loss_scale
+        raise NonFiniteError(
+            f"Steps {first}..{last}: every step was skipped (float16 gradients overflowed at "
+            f"the loss scale {scalars.get('loss_scale', float('nan')):g}, "
+            f"train.loss_scale.min_scale={ls.min_scale:g}), so the weights never changed; "
+            f"the last {self._LastGood()} Lower train.loss_scale.initial_scale and min_scale, "
+            "or train in bfloat16 or float32."
+        )
+
     def _Save(self, step: int) -> None:
         if self._is_chief and self._saved_step != step:
             logging.info("Saved %s", self._checkpointer.Save(step))
@@ -607,6 +628,7 @@ class Trainer:
     def _Loop(self, start: int, writer, bar: progress.Progress, signals: StopSignals) -> dict:
         iterator = self._Iterator(start)
         iv, scalars = self._intervals, {}
+        applied = 0  # steps of this run that updated the weights
         batch_size = self._input.params.batch_size
         for step in range(start + 1, self._max_steps + 1):
             self._profiler.Before(step)
@@ -617,8 +639,12 @@ class Trainer:
             if step == start + 1:
                 writer.StartRates(step)
             scalars = _Scalars(result.metrics)
+            applied += scalars.get("skipped_step", 0.0) == 0.0
             bar.Update(step, scalars["loss"], examples_per_step=batch_size)
             last = step == self._max_steps
+            if last and not applied and self._AtMinScale(scalars):
+                bar.Close()
+                self._NeverUpdated(start + 1, step, scalars)
             if iv.summary_steps and step % iv.summary_steps == 0 or last:
                 writer.Write(step, scalars)
             if iv.log_steps and step % iv.log_steps == 0:

@@ -266,3 +266,59 @@ def test_an_export_beside_other_files_is_refused(capsys, tmp_path):
         "which an export would sit beside",
     )
     assert Listing(tmp_path) == before
+
+
+def test_a_float16_run_that_skipped_every_step_fails_instead_of_reporting_done(tmp_path):
+    import tensorflow as tf
+
+    from lingpipe import model_registry
+    from lingpipe.runners import rundir, train_loop
+
+    # A small LM in float16 with a loss scale that overflows and may not go lower.
+    p = model_registry.GetParams("lm.TransformerLmTiny", "Train")
+    p.Set(model_dims=16, hidden_dims=16, num_layers=1, num_heads=2, fprop_dtype=tf.float16)
+    p.input.Set(batch_size=4, seq_len=8)
+    p.train.max_steps = 4
+    p.train.loss_scale.Set(initial_scale=1e30, min_scale=1e30)
+    task = p.Instantiate()
+    task.CreateOptimizer()
+    trainer = train_loop.Trainer(
+        [task],
+        tf.distribute.get_strategy(),
+        task.CreateInputGenerator(),
+        str(tmp_path / "run"),
+        train_loop.Intervals(log_steps=0, summary_steps=1, checkpoint_steps=2),
+    )
+    with pytest.raises(train_loop.NonFiniteError) as e:
+        trainer.Train()
+    assert str(e.value).startswith(
+        "Steps 1..4: every step was skipped (float16 gradients overflowed at the loss "
+        "scale 1e+30, train.loss_scale.min_scale=1e+30), so the weights never changed; "
+    ), str(e.value)
+    state = rundir.ReadRunState(str(tmp_path / "run"))
+    assert state.status == "failed" and state.step == 2  # ckpt-4 never written
+
+
+def test_eval_and_export_restore_without_warning_about_the_optimizer(tmp_path, caplog):
+    import gc
+
+    import tensorflow as tf
+    from test_run_safety import _Task
+
+    from lingpipe import model_registry, optimizers
+    from lingpipe.runners import checkpointer
+
+    _Task(2)  # puts trainer_params on the params package's path
+    p = model_registry.GetParams("regression.Regression", "Train")
+    p.train.optimizer = optimizers.Adam.Params()  # slots: what eval does not build
+    trained = p.Instantiate()
+    trained.CreateOptimizer().Build(trained.trainable_variables)
+    step = tf.Variable(2, dtype=tf.int64)
+    ckpt_dir = str(tmp_path / "checkpoints")
+    checkpointer.Checkpointer(ckpt_dir, task=trained, global_step=step).Save(2)
+    fresh = p.Instantiate()
+    with caplog.at_level("WARNING"):
+        assert checkpointer.RestoreLatest(ckpt_dir, [fresh]) == 2
+        del fresh  # holds the restore's state, which warns when it is collected
+        gc.collect()
+    assert not [r for r in caplog.records if "could not be found" in r.getMessage()]
