@@ -138,6 +138,20 @@ def _ReadText(text_or_path: str | os.PathLike) -> tuple[str, str]:
     return spec, "text"
 
 
+def _Cell(cell: str, where: str, d: int, c: int) -> Action | None:
+    """The action of one cell (None when empty); `where` and d, c place it in messages."""
+    if not cell.strip():
+        return None
+    match = _CELL.match(cell.strip())
+    if not match:
+        raise ScheduleError(
+            f"schedule CSV {where} (device {d}), column {c + 1}: cannot read cell {cell!r}, "
+            "expected <stage><F|B|I|W><micro-batch> such as 0F0 or 7I3, or an empty cell for "
+            "an idle step"
+        )
+    return Action(match.group(2), int(match.group(1)), int(match.group(3)))
+
+
 def FromCsv(text_or_path: str | os.PathLike, num_micro_batches: int | None = None) -> Schedule:
     """A schedule read from torch.distributed.pipelining's compute-only CSV.
 
@@ -162,32 +176,21 @@ def FromCsv(text_or_path: str | os.PathLike, num_micro_batches: int | None = Non
         raise ScheduleError(f"schedule CSV ({where}): expected one row per device, received none")
     device_actions, stage_devices = [], {}
     for d, row in enumerate(rows):
-        acts = []
-        for c, cell in enumerate(row):
-            if not cell.strip():
-                continue
-            match = _CELL.match(cell.strip())
-            if not match:
+        acts = [_Cell(cell, f"({where}): row {d + 1}", d, c) for c, cell in enumerate(row)]
+        for c, a in [(c, a) for c, a in enumerate(acts) if a]:
+            at = f"schedule CSV ({where}): row {d + 1}, column {c + 1}: {row[c].strip()}"
+            other = stage_devices.setdefault(a.stage, d)
+            if other != d:
                 raise ScheduleError(
-                    f"schedule CSV ({where}): row {d + 1} (device {d}), column {c + 1}: cannot "
-                    f"read cell {cell!r}, expected <stage><F|B|I|W><micro-batch> such as 0F0 or "
-                    "7I3, or an empty cell for an idle step"
-                )
-            a = Action(match.group(2), int(match.group(1)), int(match.group(3)))
-            if stage_devices.setdefault(a.stage, d) != d:
-                raise ScheduleError(
-                    f"schedule CSV ({where}): row {d + 1}, column {c + 1}: {cell.strip()} puts "
-                    f"stage {a.stage} on device {d}, but row {stage_devices[a.stage] + 1} "
-                    f"already runs it on device {stage_devices[a.stage]}"
+                    f"{at} puts stage {a.stage} on device {d}, but row {other + 1} already "
+                    f"runs it on device {other}"
                 )
             if num_micro_batches is not None and a.micro_batch >= num_micro_batches:
                 raise ScheduleError(
-                    f"schedule CSV ({where}): row {d + 1}, column {c + 1}: {cell.strip()} names "
-                    f"micro-batch {a.micro_batch}, expected one in 0..{num_micro_batches - 1} "
-                    f"(num_micro_batches={num_micro_batches})"
+                    f"{at} names micro-batch {a.micro_batch}, expected one in "
+                    f"0..{num_micro_batches - 1} (num_micro_batches={num_micro_batches})"
                 )
-            acts.append(a)
-        device_actions.append(tuple(acts))
+        device_actions.append(tuple(a for a in acts if a))
     num_stages = max(stage_devices) + 1
     missing = [s for s in range(num_stages) if s not in stage_devices]
     if missing:
