@@ -24,7 +24,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import common  # noqa: E402
 
 K, M, STEPS = 2, 8, 3
-SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1))
+SCHEDULES = (
+    ("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1), ("zbv", 1),
+    ("looped_bfs", 2), ("interleaved_zero_bubble", 2), ("dualpipev", 1),
+)  # fmt: skip
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
