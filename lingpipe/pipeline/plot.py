@@ -66,6 +66,7 @@ def _Figure(sched: Schedule, bars: Sequence[Bar], unit: str, title: str) -> Any:
         )
     )
     ax = fig.add_subplot(1, 1, 1)
+    labels = []  # (text, device, start, end): kept below only where the text fits its bar
     for device, start, end, a in bars:
         ax.barh(
             device,
@@ -76,16 +77,10 @@ def _Figure(sched: Schedule, bars: Sequence[Bar], unit: str, title: str) -> Any:
             edgecolor="white",
             linewidth=0.5,
         )
-        if (end - start) / span > 0.012:  # room for the number
-            ax.text(
-                (start + end) / 2,
-                device,
-                _Label(sched, a),
-                ha="center",
-                va="center",
-                fontsize=7,
-                color="white",
-            )
+        label = _Label(sched, a)
+        x = (start + end) / 2
+        text = ax.text(x, device, label, ha="center", va="center", fontsize=7, color="white")
+        labels.append((text, device, start, end))
     ax.set_yticks(range(sched.num_devices))
     ax.set_yticklabels([f"device {d}" for d in range(sched.num_devices)])
     ax.set_ylim(sched.num_devices - 0.5, -0.5)
@@ -101,7 +96,31 @@ def _Figure(sched: Schedule, bars: Sequence[Bar], unit: str, title: str) -> Any:
         frameon=False,
     )
     fig.tight_layout()
+    _DropLabelsThatDoNotFit(fig, ax, labels)
     return fig
+
+
+def _DropLabelsThatDoNotFit(fig: Any, ax: Any, labels: list) -> None:
+    """Removes each bar's label that is wider than its bar, or that a bar drawn later on
+    the same device covers (measured spans overlap): on short spans neighbouring labels
+    ran together ('0 0'). Measured in the drawn figure's pixels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    for i, (text, device, start, end) in enumerate(labels):
+        left, right = ax.transData.transform([(start, 0), (end, 0)])[:, 0]
+        box = text.get_window_extent(renderer)
+        covered = any(
+            d == device and _Overlaps(ax, s, e, box.x0, box.x1) for _, d, s, e in labels[i + 1 :]
+        )
+        if box.width + 2 > right - left or covered:
+            text.remove()
+
+
+def _Overlaps(ax: Any, start: float, end: float, x0: float, x1: float) -> bool:
+    """Whether the bar start..end (data) overlaps the pixels x0..x1."""
+    left, right = ax.transData.transform([(start, 0), (end, 0)])[:, 0]
+    return left < x1 and x0 < right
 
 
 def _Save(fig: Any, path: str) -> str:

@@ -39,6 +39,7 @@ from lingpipe.pipeline.schedule import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
+    FORWARD,
     Action,
     Schedule,
 )
@@ -173,6 +174,38 @@ def _SplitZeroBubble(ops: list[_Op], keys: list, sched: Schedule) -> list:
     return out
 
 
+def _JoinPartialSteps(ops: list[_Op], keys: list, sched: Schedule) -> None:
+    """Gives each op of a partial step id the id of the step it ran in, in place.
+
+    A step runs every forward of the schedule. Ops under another executor id (a few
+    of one backward, from an executor run of their own) are not a step: each joins
+    the latest full step that started at or before it. Ops before the first full
+    step are dropped from `ops` and `keys`.
+    """
+    forwards = {tuple(a) for acts in sched.device_actions for a in acts if a.kind == FORWARD}
+    seen: dict = collections.defaultdict(set)
+    for op, key in zip(ops, keys):
+        if key[0] == FORWARD:
+            seen[op.step_id].add(key)
+    full = sorted(
+        (min(op.start for op in ops if op.step_id == sid), sid)
+        for sid, found in seen.items()
+        if found >= forwards and sid is not None
+    )
+    if not full:
+        return  # nothing to join to: leave the ids as they are
+    full_ids = {sid for _, sid in full}
+    kept = []
+    for op, key in zip(ops, keys):
+        if op.step_id not in full_ids:
+            earlier = [sid for start, sid in full if start <= op.start]
+            if not earlier:
+                continue
+            op.step_id = earlier[-1]
+        kept.append((op, key))
+    ops[:], keys[:] = [op for op, _ in kept], [key for _, key in kept]
+
+
 def Spans(space: Any, sched: Schedule) -> list[Span]:
     """One span per (recorded step, action) of `sched` found in the profile `space`.
 
@@ -191,6 +224,7 @@ def Spans(space: Any, sched: Schedule) -> list[Span]:
             "timeline: the profile holds no op of a pipeline action (expected op names "
             "in scopes like F_s0_mb0/); was a pipelined train step run while profiling?"
         )
+    _JoinPartialSteps(ops, keys, sched)
     first_of_step: dict = {}
     for op in ops:
         first_of_step[op.step_id] = min(first_of_step.get(op.step_id, op.start), op.start)
