@@ -96,7 +96,9 @@ flags.DEFINE_string(
     "schedule",
     None,
     "Pipeline schedule of the train step (sets the task's schedule): gpipe, 1f1b, "
-    "interleaved_1f1b or zero_bubble; see python -m lingpipe.pipeline.schedule.",
+    "interleaved_1f1b, zero_bubble, zbv, looped_bfs, interleaved_zero_bubble, dualpipev, "
+    "or the path of a CSV file (torch.distributed.pipelining's compute-only format); "
+    "see python -m lingpipe.pipeline.schedule.",
 )
 flags.DEFINE_integer(
     "num_virtual_stages",
