@@ -35,13 +35,8 @@ from lingpipe import asserts, base_layer, cluster, seeds
 from lingpipe.keras import graph as graph_lib
 from lingpipe.layers import gpipe
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import executor, micro_batch, schedule
+from lingpipe.pipeline import executor, generators, micro_batch, schedule
 from lingpipe.pipeline.stage_context import Entered, StageContext
-
-try:  # the schedule builders moved to their own module
-    from lingpipe.pipeline import generators as _builders
-except ImportError:  # pragma: no cover
-    _builders = schedule
 
 
 def _Unique(items: list) -> list:
@@ -170,10 +165,20 @@ class GraphPipeline:
         return self._cut.Report(self._devices, batch_size)
 
     def Schedule(self, num_micro_batches: int) -> schedule.Schedule:
+        """The schedule ForwardBackward follows; one stage per device only."""
+        num_devices = len(self._devices)
         try:
-            return _builders.Make(self._schedule_name, len(self._devices), num_micro_batches)
+            sched = generators.Make(self._schedule_name, num_devices, num_micro_batches)
         except schedule.ScheduleError as e:
             raise ValueError(f"{self._where}: {e}") from None
+        if sched.num_stages != num_devices:
+            raise ValueError(
+                f"{self._where}: schedule={self._schedule_name!r} runs {sched.num_stages} "
+                f"stages on {num_devices} devices, expected a schedule of one stage per "
+                "device ('gpipe', '1f1b', 'zero_bubble', ...): a Keras graph is cut into "
+                "num_stages stages"
+            )
+        return sched
 
     # ---- Running a stage --------------------------------------------------------
 
@@ -189,7 +194,8 @@ class GraphPipeline:
             values = dict(zip(cut.live[s], tf.nest.flatten(live)))
             mapping = list(zip(trainable, weights))
             for name, j, v in seed_vars:
-                seed = seeds.StatelessSeed(f"{self._where}/{name}/{j}", 0)
+                # Named by the layer, not by Keras' counters: the same model, the same seeds.
+                seed = seeds.StatelessSeed(f"keras/{name}/{j}", 0)
                 mapping.append((v, tf.cast(seed, v.dtype)))
             record = states is not None and not base_layer.IsRecomputing()
             if record:
@@ -247,7 +253,7 @@ class GraphPipeline:
         context = self._Contexts()
         with tf.device(self._devices[0]):
             state = micro_batch.Split(flat, sizes, 0)
-        for tick in _builders.ForwardTicks(num_stages, num_micro):
+        for tick in generators.ForwardTicks(num_stages, num_micro):
             for s, m in tick:
                 with Entered(context(s, m)), tf.name_scope(f"F_s{s}_mb{m}"):
                     state[m] = runs[s](weights[s], state[m])

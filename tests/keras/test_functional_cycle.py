@@ -1,0 +1,94 @@
+"""lingpipe.keras.Pipeline: dropout under recomputation, Keras masks across a cut, schedules
+it refuses, and its config (save and load in this process)."""
+
+import keras
+import numpy as np
+import pytest
+
+import lingpipe.keras as lpk
+
+DEVICES = ["/device:CPU:1", "/device:CPU:2"]
+
+
+def _DropoutNet():
+    keras.utils.set_random_seed(2)
+    x = keras.Input((6,))
+    h = keras.layers.Dense(16, activation="relu", name="d1")(x)
+    h = keras.layers.Dropout(0.5, name="drop1")(h)
+    h = keras.layers.Dense(16, activation="relu", name="d2")(h)
+    h = keras.layers.Dropout(0.5, name="drop2")(h)
+    return keras.Model(x, keras.layers.Dense(1, name="out")(h))
+
+
+def _Data(n=16, dims=6):
+    rng = np.random.RandomState(0)
+    return rng.randn(n, dims).astype(np.float32), rng.randn(n, 1).astype(np.float32)
+
+
+def _FitWeights(model, remat, x, y):
+    pipe = lpk.Pipeline(
+        model, num_stages=2, num_micro_batches=4, split_points=["d2"], remat=remat, devices=DEVICES
+    )
+    pipe.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    history = pipe.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    return [w.numpy() for w in model.weights], history.history["loss"]
+
+
+def test_dropout_masks_are_reproduced_by_recomputation():
+    """remat='always' replays each forward in backward: with the same stateless seeds its
+    masks are the forward's, so the step equals remat='never' (which keeps the forward)."""
+    x, y = _Data()
+    never, loss_never = _FitWeights(_DropoutNet(), "never", x, y)
+    always, loss_always = _FitWeights(_DropoutNet(), "always", x, y)
+    for a, b in zip(never, always):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_allclose(loss_never, loss_always, rtol=1e-6)
+    # Dropout was on: the same model without it (inference) has another loss.
+    plain = _DropoutNet()
+    plain.compile(loss="mse")
+    assert abs(plain.evaluate(x[:8], y[:8], verbose=0) - loss_never[0]) > 1e-3
+
+
+def test_keras_mask_crosses_a_cut():
+    """Embedding(mask_zero=True) on stage 0; the masked average pooling on stage 1."""
+    keras.utils.set_random_seed(3)
+    ids = keras.Input((5,), dtype="int32")
+    h = keras.layers.Embedding(9, 4, mask_zero=True, name="embed")(ids)
+    h = keras.layers.Dense(4, name="proj")(h)
+    h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
+    model = keras.Model(ids, keras.layers.Dense(2, name="out")(h))
+    plain = keras.models.clone_model(model)
+    plain.set_weights(model.get_weights())
+    x = np.random.RandomState(0).randint(0, 9, (8, 5)).astype(np.int32)
+    x[:, 3:] = 0  # padding
+    pipe = lpk.Pipeline(
+        model, num_stages=2, num_micro_batches=2, split_points=["pool"], devices=DEVICES
+    )
+    np.testing.assert_allclose(pipe.predict(x, verbose=0), plain.predict(x, verbose=0), atol=1e-6)
+
+
+def test_schedule_of_two_stages_per_device_is_refused_in_one_line():
+    with pytest.raises(
+        ValueError, match=r"schedule='zbv' runs 4 stages on 2 devices, expected"
+    ) as e:
+        lpk.Pipeline(
+            _DropoutNet(), num_stages=2, num_micro_batches=4, schedule="zbv", devices=DEVICES
+        )
+    assert "\n" not in str(e.value)
+
+
+def test_config_round_trip_and_keras_file(tmp_path):
+    model = _DropoutNet()
+    pipe = lpk.Pipeline(
+        model, num_stages=2, num_micro_batches=2, split_points=["d2"], devices=DEVICES
+    )
+    config = pipe.get_config()
+    assert config["split_points"] == ["d2"] and config["num_micro_batches"] == 2
+    x, _ = _Data(8)
+    want = pipe.predict(x, verbose=0)
+    path = str(tmp_path / "pipe.keras")
+    pipe.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded, lpk.Pipeline)
+    assert loaded.pipeline.devices == pipe.pipeline.devices
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), want, atol=1e-6)
