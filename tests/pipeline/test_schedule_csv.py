@@ -195,3 +195,18 @@ def test_the_importer_first_imports_cleanly(first):
     code = f"import lingpipe.pipeline.{first}, lingpipe.pipeline.schedule"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_the_trainer_flag_takes_a_csv_path_and_refuses_an_unknown_name():
+    from lingpipe.runners import startup
+
+    resolved = startup.ResolveParams(
+        "lm.TransformerLmTiny", startup.Overrides(schedule=str(V_SHAPED), num_stages=2)
+    )
+    assert resolved.task.schedule == str(V_SHAPED)
+    with pytest.raises(
+        startup.UsageError,
+        match=r"--schedule=zvb: expected one of .*dualpipev.* or the path of a CSV file; "
+        r"did you mean 'zbv'",
+    ):
+        startup.ResolveParams("lm.TransformerLmTiny", startup.Overrides(schedule="zvb"))
