@@ -514,7 +514,9 @@ def _Run(scope: contextlib.ExitStack) -> int:
         return 0
     logdir = _Logdir()
     intervals = _Intervals()
-    run = _RunExtras(resolved.task.ToText(), _ProfileSteps())
+    profile = _ProfileSteps()
+    profile = startup.CheckProfileSteps(profile, resolved.task.train.max_steps, FLAGS.profile_steps)
+    run = _RunExtras(resolved.task.ToText(), profile)
     if FLAGS.mode in ("train", "train_and_eval"):
         _NoteShortSchedule(resolved.task)
     layout, tasks = _BuildTasks(resolved)
@@ -534,7 +536,8 @@ def _Run(scope: contextlib.ExitStack) -> int:
         from lingpipe.runners import rundir
 
         scope.enter_context(rundir.LogdirLock(logdir))  # Held to the end of the run.
-        _WriteParams(logdir, resolved)
+        if startup.WritesParams(logdir, FLAGS.mode):
+            _WriteParams(logdir, resolved)
     if FLAGS.mode == "eval":
         return _Evaluate(tasks, plan)
     return _Train(layout, tasks, plan, logdir, intervals, run)

@@ -335,3 +335,30 @@ def WriteParams(logdir: str, resolved: ResolvedParams) -> tuple[str, str]:
     )
     WriteAtomically(f"{logdir}/{PARAMS_DIFF_FILE}", diff_header + diff)
     return text, diff
+
+
+def CheckProfileSteps(
+    steps: tuple[int, int] | None, max_steps: int, flag: str
+) -> tuple[int, int] | None:
+    """`steps` (--profile_steps as first, last) if the run reaches its first step.
+
+    Raises:
+      UsageError: the run ends (at train.max_steps) before the first step to profile:
+        it would profile nothing (a range that starts in time and ends after
+        max_steps profiles up to max_steps).
+    """
+    if steps is not None and steps[0] > max_steps:
+        raise UsageError(
+            f"--profile_steps={flag}: the run ends at step {max_steps} (train.max_steps), "
+            f"before step {steps[0]}; expected steps A,B with A <= {max_steps}, so that "
+            "something is profiled"
+        )
+    return steps
+
+
+def WritesParams(logdir: str, mode: str) -> bool:
+    """Whether a run of `mode` writes params.txt and params_diff.txt: training does;
+    --mode=eval only into a logdir without them (its flags are not the run's)."""
+    import tensorflow as tf
+
+    return mode != "eval" or not tf.io.gfile.exists(f"{logdir}/{PARAMS_FILE}")

@@ -322,3 +322,32 @@ def test_eval_and_export_restore_without_warning_about_the_optimizer(tmp_path, c
         del fresh  # holds the restore's state, which warns when it is collected
         gc.collect()
     assert not [r for r in caplog.records if "could not be found" in r.getMessage()]
+
+
+def test_profile_steps_after_the_last_step_are_refused(capsys, tmp_path):
+    from test_trainer_main import _AssertRefused
+
+    logdir = tmp_path / "run"
+    flags = ("--profile_steps=50,60", "--max_steps=3")
+    status, lines = _Main(capsys, f"--logdir={logdir}", *flags)
+    _AssertRefused(
+        status,
+        lines,
+        "--profile_steps=50,60: the run ends at step 3 (train.max_steps), before step 50; "
+        "expected steps A,B with A <= 3, so that something is profiled",
+    )
+    assert not logdir.exists()
+
+
+def test_eval_with_other_flags_leaves_the_runs_params_files_as_they_were(capsys, tmp_path):
+    logdir = tmp_path / "run"
+    _SaveOneCheckpoint(logdir)
+    for name in ("params.txt", "params_diff.txt"):
+        (logdir / name).write_text(f"# {name} of the run that trained\n")
+    status, lines = _Main(
+        capsys, f"--logdir={logdir}", "--mode=eval", "--params_override=train.learning_rate : 0.5"
+    )
+    assert status == 0, lines
+    for name in ("params.txt", "params_diff.txt"):
+        assert (logdir / name).read_text() == f"# {name} of the run that trained\n"
+    assert (logdir / "eval_dev.json").exists()
