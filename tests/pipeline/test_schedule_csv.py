@@ -210,3 +210,17 @@ def test_the_trainer_flag_takes_a_csv_path_and_refuses_an_unknown_name():
         r"did you mean 'zbv'",
     ):
         startup.ResolveParams("lm.TransformerLmTiny", startup.Overrides(schedule="zvb"))
+
+
+@pytest.mark.parametrize("path", [V_SHAPED, INTERLEAVED])
+def test_the_fixtures_train_the_mlp_to_the_reference_gradients(path):
+    import tensorflow as tf
+    from gpipe_cells import DIMS, Mlp, Pipeline
+    from test_executor import AssertSameAsReference
+
+    for spec in (str(path), FromCsv(path)):  # a path, or a Schedule value
+        pipe = Pipeline([Mlp()] * 4, 2, 2, "always", schedule=spec)
+        assert [pipe.StageDevice(s)[-1] for s in range(4)] == [
+            str(d) for d in FromCsv(path).stage_devices
+        ]
+        AssertSameAsReference(pipe, (tf.random.normal([8, DIMS]),))
