@@ -1,5 +1,6 @@
-"""Export: a SavedModel of lm.TransformerLmTiny's eval path that a process with only
-TensorFlow loads and runs, giving the in-process model's outputs."""
+"""Export: a SavedModel of lm.TransformerLmTiny that a process with only TensorFlow
+loads: its serving signature answers any batch from ids alone with the in-process
+model's logits, its eval signature gives the model's outputs and metrics."""
 
 import subprocess
 import sys
@@ -19,7 +20,7 @@ LOAD_WITHOUT_LINGPIPE = textwrap.dedent(
     batch = dict(np.load(sys.argv[1]))
     out = {}
     for name in sys.argv[3:]:
-        serve = tf.saved_model.load(name).signatures["serving_default"]
+        serve = tf.saved_model.load(name).signatures["eval"]
         got = serve(**{k: tf.constant(v) for k, v in batch.items()})
         out.update({name.rsplit("/", 1)[-1] + "." + k: v.numpy() for k, v in got.items()})
     assert "lingpipe" not in sys.modules, "the loader imported lingpipe"
@@ -57,6 +58,50 @@ def test_saved_model_runs_without_lingpipe_and_matches_the_model(task, tmp_path)
             np.testing.assert_allclose(
                 got[f"{where}.{name}"], value, rtol=1e-6, atol=1e-6, err_msg=f"{where} {name}"
             )
+
+
+SERVE_WITHOUT_LINGPIPE = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import tensorflow as tf
+    ids = dict(np.load(sys.argv[1]))
+    out = {}
+    for name in sys.argv[3:]:
+        serve = tf.saved_model.load(name).signatures["serving_default"]
+        assert [k for k in serve.structured_input_signature[1]] == ["ids"]
+        for key, batch in ids.items():
+            got = serve(ids=tf.constant(batch))
+            out.update({f"{name.rsplit('/', 1)[-1]}.{key}.{k}": v.numpy() for k, v in got.items()})
+    assert "lingpipe" not in sys.modules, "the loader imported lingpipe"
+    np.savez(sys.argv[2], **out)
+    """
+)
+
+
+def test_served_model_answers_any_batch_from_ids_alone(task, tmp_path):
+    pipelined = export.Export(task, str(tmp_path / "pipelined"))
+    single = export.Export(task, str(tmp_path / "single"), single_device=True)
+    rng = np.random.default_rng(0)
+    ids = {f"b{b}": rng.integers(3, 259, size=(b, 16), dtype=np.int32) for b in (3, 5)}
+    ids["b5"][1, 10:] = 0  # a shorter sequence, padded with PAD_ID
+    np.savez(tmp_path / "ids.npz", **ids)
+    subprocess.run(
+        [sys.executable, "-c", SERVE_WITHOUT_LINGPIPE, str(tmp_path / "ids.npz")]
+        + [str(tmp_path / "served.npz"), pipelined, single],
+        check=True,
+        timeout=300,
+    )
+    got = np.load(tmp_path / "served.npz")
+    for key, batch in ids.items():
+        with base_layer.EvalMode():
+            want = task.Serve(task.theta, tf.constant(batch))
+        assert want["logits"].shape == (len(batch), 16, 259)
+        for where in ("pipelined", "single"):
+            for name in ("logits", "predictions"):
+                np.testing.assert_allclose(
+                    got[f"{where}.{key}.{name}"], want[name], rtol=1e-5, atol=1e-5, err_msg=where
+                )
 
 
 def test_single_device_export_needs_a_pipelined_task(tmp_path):

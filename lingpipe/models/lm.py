@@ -33,6 +33,7 @@ import math
 import tensorflow as tf
 
 from lingpipe import asserts, base_layer, hyperparams
+from lingpipe.inputs import text_lm
 from lingpipe.layers import (
     dropout,
     embedding,
@@ -160,7 +161,8 @@ class LmSoftmaxCell(base_layer.BaseLayer):
 
     def FProp(self, theta: NestedMap, state: NestedMap) -> NestedMap:
         """Returns NestedMap(xent (label-smoothed), nll (log-perplexity per token),
-        correct (1.0 where argmax == label), weights), each [b, t]."""
+        correct (1.0 where argmax == label), weights), each [b, t]; a state without
+        labels (serving) gives NestedMap(logits [b, t, vocab_size])."""
         p = self.params
         x = self.final_ln.FProp(theta.final_ln, state.x)
         if p.tie_embeddings:
@@ -168,6 +170,8 @@ class LmSoftmaxCell(base_layer.BaseLayer):
             logits = linear.MatMulLastDim(x, table, transpose_w=True)
         else:
             logits = self.softmax.Logits(theta.softmax, x)
+        if "labels" not in state:
+            return NestedMap(logits=logits)
         out = softmax.CrossEntropy(
             logits,
             class_ids=state.labels,
@@ -298,6 +302,23 @@ class TransformerLm(base_task.BaseTask):
         Returns NestedMap(xent, nll, correct, weights), each [b, t].
         """
         return self.pipeline.FProp(theta.pipeline, *self.PipelineInputs(theta, input_batch))
+
+    def ServingInputSpecs(self) -> dict[str, tf.TensorSpec]:
+        """What a served model takes (lingpipe.export): ids int32 [b, t], any b and
+        t <= max_len, padded past each sequence's end with text_lm.PAD_ID (0)."""
+        return {"ids": tf.TensorSpec([None, None], tf.int32, name="ids")}
+
+    def Serve(self, theta: NestedMap, ids: tf.Tensor) -> dict[str, tf.Tensor]:
+        """Next-token predictions of ids [b, t] (paddings where ids == PAD_ID):
+        {logits: float32 [b, t, vocab_size], predictions: int32 [b, t], the most
+        likely next id}."""
+        paddings = tf.cast(tf.equal(ids, text_lm.PAD_ID), self.fprop_dtype)
+        state = NestedMap(ids=ids, paddings=paddings)
+        if self.params.tie_embeddings:
+            with tf.device(self.pipeline.devices[0]):
+                state.tied_emb = tf.convert_to_tensor(theta.emb)[tf.newaxis]
+        logits = tf.cast(self.pipeline.FProp(theta.pipeline, state).logits, tf.float32)
+        return {"logits": logits, "predictions": tf.argmax(logits, axis=-1, output_type=tf.int32)}
 
     def PipelineInputs(self, theta: NestedMap, input_batch: NestedMap) -> tuple:
         """(state,): the pipeline's input state (with the tied table, if tied)."""
