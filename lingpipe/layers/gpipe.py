@@ -1,34 +1,35 @@
 """PipeliningLayer: GPipe on TensorFlow 2.
 
-The cells of `cell_tpl` run in order, cut into `num_stages` contiguous stages on
-`num_stages` devices. Each batch is split into micro-batches that flow through
-the stages in the fill-drain schedule, so different stages work on different
-micro-batches at the same time; in backward each stage recomputes its forward
-from the stage-boundary activations it kept (`remat`) and gradients are
-accumulated over the micro-batches. The outputs, the loss and every gradient are
-those of the cells run one after another, micro-batch by micro-batch, on one
-device (`FPropSequential`), to float32 rounding.
+The cells of `cell_tpl` run in order, cut into contiguous stages (chunks of the
+model) on `num_stages` devices; the schedule says which device runs each stage
+(stage s on device s mod K, or a V placement that gives a device both ends of
+the model). Each batch is split into micro-batches that flow through the stages,
+so different stages work on different micro-batches at the same time; in
+backward each stage recomputes its forward from the stage-boundary activations
+it kept (`remat`) and gradients are accumulated over the micro-batches. The
+outputs, the loss and every gradient are those of the cells run one after
+another, micro-batch by micro-batch, on one device (`FPropSequential`), to
+float32 rounding.
 
     p = gpipe.PipeliningLayer.Params().Set(
         name='pipe', cell_tpl=[block_p] * 8, num_stages=4, num_micro_batches=8)
     pipe = p.Instantiate()
-    y = pipe(x)  # x: [batch, ...], split along batch_dim
+    y = pipe(x)  # x: [batch, ...], split along batch_dim (batch may be unknown until run time)
 
-Every op of stage k (forward, recomputation, gradient, the accumulation of its
-weights' gradients) runs on device k, whether gradients are taken with
-tf.GradientTape or tf.gradients; the only cross-device traffic is the
+One engine runs every path (lingpipe.pipeline.executor): every op of a stage
+(forward, recomputation, gradient, the accumulation of its weights' gradients)
+runs on its device, in that device's order; the only cross-device traffic is the
 activations and their gradients between neighbouring stages.
 
-Two ways to train it:
-
-    y = pipe(x)                # under your own tape: fill-drain (GPipe); the tape
-                               # builds the backward, each stage's on its device
+    y = pipe(x)                # under your own tape (GradientTape or tf.gradients):
+                               # the fill-drain forwards; the tape's gradient runs
+                               # the executor's backwards from dy (one custom gradient)
     out = pipe.ForwardBackward(pipe.theta, (x,), loss_fn)   # p.schedule decides
 
-`ForwardBackward` runs a schedule (lingpipe.pipeline.schedule: 'gpipe', '1f1b',
-'interleaved_1f1b' with num_virtual_stages chunks per device, 'zero_bubble'):
-the executor creates every forward and backward itself, in each device's order,
-with each micro-batch's loss computed on the last stage. Tasks train through it.
+`ForwardBackward` runs `p.schedule` (a name from lingpipe.pipeline.generators, a
+Schedule, or the path of a CSV file), each micro-batch's loss computed on the
+last stage. Tasks train through it. In eval mode FProp runs a forward-only
+schedule.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from lingpipe.pipeline import (
     xla,
 )
 from lingpipe.pipeline import report as report_lib
-from lingpipe.pipeline.stage_call import GradientAccumulator, PlainCall, StageCall
+from lingpipe.pipeline.schedule import BACKWARD, FORWARD, Action
 from lingpipe.pipeline.stage_context import StageContext
 
 PARTITION_POLICIES = ("uniform", "flops", "params", "profile")
@@ -68,7 +69,12 @@ class PipeliningLayer(base_layer.BaseLayer):
     def Params(cls) -> hyperparams.InstantiableParams:
         p = super().Params()
         p.Define("cell_tpl", [], "Layer params of the cells, run in order.")
-        p.Define("num_stages", 1, "Number of pipeline stages, one device each.")
+        p.Define(
+            "num_stages",
+            1,
+            "Number of devices the pipeline runs on (K); the schedule may give each "
+            "several stages (num_virtual_stages, or two for the V-shaped ones).",
+        )
         p.Define(
             "partition",
             "uniform",
@@ -79,7 +85,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         p.Define(
             "devices",
             None,
-            "Device names, one per stage; None takes the first num_stages devices of "
+            "Device names, one per device of the schedule; None takes the first num_stages of "
             "the cluster (accelerators first).",
         )
         p.Define("num_micro_batches", 1, "Micro-batches each batch is split into.")
@@ -108,9 +114,10 @@ class PipeliningLayer(base_layer.BaseLayer):
         p.Define(
             "schedule",
             "gpipe",
-            "The order of ForwardBackward's work: 'gpipe' (fill-drain), '1f1b', "
-            "'interleaved_1f1b' (with num_virtual_stages) or 'zero_bubble' (ZB-H1). "
-            "FProp under a caller's tape always runs fill-drain.",
+            "The order of ForwardBackward's work and the stages' placement: a name of "
+            "lingpipe.pipeline.generators ('gpipe', '1f1b', 'zero_bubble', 'zbv', ...), a "
+            "schedule.Schedule, or the path of a CSV file (torch's compute-only format). "
+            "FProp under a caller's tape runs fill-drain over the same placement.",
         )
         p.Define(
             "jit_compile_stages",
@@ -122,8 +129,8 @@ class PipeliningLayer(base_layer.BaseLayer):
         p.Define(
             "num_virtual_stages",
             1,
-            "Chunks of the cells per device (interleaved_1f1b): the cells are cut into "
-            "num_stages * num_virtual_stages chunks, chunk c on device c mod num_stages.",
+            "Stages per device for the loop-placed interleaved schedules: the cells are cut "
+            "into num_stages * num_virtual_stages stages, stage s on device s mod num_stages.",
         )
         return p
 
@@ -133,30 +140,32 @@ class PipeliningLayer(base_layer.BaseLayer):
         cells = self._CheckCells(p.cell_tpl)
         asserts.Positive(p.num_stages, "num_stages", where=self.path)
         asserts.Positive(p.num_virtual_stages, "num_virtual_stages", where=self.path)
-        num_chunks = p.num_stages * p.num_virtual_stages
-        if num_chunks > len(cells):
-            chunks = f"num_stages={p.num_stages}"
-            if p.num_virtual_stages > 1:
-                chunks += f" x num_virtual_stages={p.num_virtual_stages} = {num_chunks} chunks"
-            raise ValueError(
-                f"{self.path}: {chunks} is greater than the number of cells ({len(cells)} in "
-                f"cell_tpl); every {'chunk' if p.num_virtual_stages > 1 else 'stage'} needs at "
-                "least one cell"
-            )
         asserts.Positive(p.num_micro_batches, "num_micro_batches", where=self.path)
         if p.micro_batch_size is not None:
             asserts.Positive(p.micro_batch_size, "micro_batch_size", where=self.path)
         asserts.In(p.remat, REMAT_POLICIES, "remat", where=self.path)
         asserts.Ge(p.batch_dim, 0, "batch_dim", where=self.path)
+        self._placement = self._CheckSchedule()
+        num_chunks = self._placement.num_stages
+        if num_chunks > len(cells):
+            chunks = f"num_stages={p.num_stages}"
+            if num_chunks != p.num_stages:
+                chunks += (
+                    f" x num_virtual_stages={num_chunks // p.num_stages} = {num_chunks} chunks"
+                )
+            raise ValueError(
+                f"{self.path}: {chunks} is greater than the number of cells ({len(cells)} in "
+                f"cell_tpl); every {'chunk' if num_chunks > p.num_stages else 'stage'} needs at "
+                "least one cell"
+            )
         self._devices = self._ResolveDevices(p.devices, p.num_stages)
         self._metas = costs.CellMetas(p, cells, tuple(p.input_shapes)) if p.input_shapes else None
         self._cell_costs = self._CellCosts(cells)
-        self._CheckSchedule()
-        self._counts = self._Partition(cells)
+        self._counts = self._Partition(cells, num_chunks)
         self._stage_cells: list[list[int]] = []
-        for k, (start, end) in enumerate(partition.Boundaries(self._counts)):
+        for s, (start, end) in enumerate(partition.Boundaries(self._counts)):
             self._stage_cells.append(list(range(start, end)))
-            with tf.device(self._devices[k % p.num_stages]):
+            with tf.device(self.StageDevice(s)):
                 for i in range(start, end):
                     self.CreateChild(f"cell_{i}", cells[i])
         self._num_cells = len(cells)
@@ -226,21 +235,24 @@ class PipeliningLayer(base_layer.BaseLayer):
             return [float(m.num_params) for m in self._metas]
         return costs.ProfileCells(p, cells, tuple(p.input_shapes), p.profile_repeats)
 
-    def _CheckSchedule(self) -> None:
-        """Refuses a schedule that cannot run these stages (M known up front only
-        without micro_batch_size; else it is checked at each call)."""
+    def _CheckSchedule(self) -> schedule.Schedule:
+        """p.schedule for some M, refused here if it cannot run these devices: its
+        placement cuts the cells (M is checked again at each call)."""
         p = self.params
-        micro = p.num_micro_batches if p.micro_batch_size is None else 1
-        if p.micro_batch_size is not None and p.schedule == "interleaved_1f1b":
+        micro = p.num_micro_batches
+        if p.micro_batch_size is not None:  # M known only at each call
             micro = p.num_stages
-        try:
-            generators.Make(p.schedule, p.num_stages, micro, p.num_virtual_stages)
-        except schedule.ScheduleError as e:
-            raise ValueError(f"{self.path}: {e}") from None
+            if isinstance(p.schedule, schedule.Schedule):
+                micro = p.schedule.num_micro_batches
+            elif generators.IsCsvPath(p.schedule):
+                try:
+                    micro = schedule.FromCsv(p.schedule).num_micro_batches
+                except schedule.ScheduleError as e:
+                    raise ValueError(f"{self.path}: {e}") from None
+        return self.Schedule(micro)
 
-    def _Partition(self, cells: list) -> list[int]:
+    def _Partition(self, cells: list, num_chunks: int) -> list[int]:
         p = self.params
-        num_chunks = p.num_stages * p.num_virtual_stages
         if isinstance(p.partition, str):
             return partition.MinMaxPartition(self._cell_costs, num_chunks)
         try:
@@ -279,8 +291,8 @@ class PipeliningLayer(base_layer.BaseLayer):
         return [list(c) for c in self._stage_cells]
 
     def StageDevice(self, stage: int) -> str:
-        """The device of `stage` (chunk c lives on device c mod num_stages)."""
-        return self._devices[stage % self.params.num_stages]
+        """The device of `stage`, as the schedule places it."""
+        return self._devices[self._placement.DeviceOf(stage)]
 
     @property
     def cell_costs(self) -> list[float]:
@@ -402,68 +414,131 @@ class PipeliningLayer(base_layer.BaseLayer):
         Returns:
           The last cell's outputs for the whole batch, micro-batches merged in order.
         """
+        sizes = self._Sizes(args)
         if self.do_eval:
-            return self._Pipeline(theta, args, training=False)
+            sched = self._FillDrain(len(sizes), backward=False)
+            step = executor.Forward(sched, *self._Work(theta, args, sizes, sched))
+            return self._Merged(step.Outputs(), sizes)
         with normalization.BatchNormStats() as stats:
-            outputs = self._Pipeline(theta, args, training=True)
+            outputs = self._Differentiable(theta, args, sizes)
         stats.Apply()
         return outputs
 
-    def _Contexts(self) -> Any:
+    def _Contexts(self) -> Callable[[int, int], StageContext]:
         """context(s, m) -> StageContext: device, seed scope and TPU annotation, read
         once here (the step's seed scope, the active logical cores) and passed down."""
         scope = seeds.CurrentScopeValues()
         annotators = [placement.StageAnnotator(d) for d in self._devices]
 
         def Context(s: int, m: int) -> StageContext:
-            k = s % self.params.num_stages
-            return StageContext(s, self._devices[k], m, scope + (m,), False, annotators[k])
+            d = self._placement.DeviceOf(s)
+            return StageContext(s, self._devices[d], m, scope + (m,), False, annotators[d])
 
         return Context
 
-    def _Pipeline(self, theta: NestedMap, args: tuple, training: bool) -> Any:
-        """Fill-drain forward of StageCalls: the caller's tape builds the backward."""
-        p = self.params
-        sizes = self._Sizes(args)
-        num_micro, num_chunks = len(sizes), len(self._stage_cells)
-        context = self._Contexts()
+    def _FillDrain(self, micro: int, backward: bool = True) -> schedule.Schedule:
+        """What FProp runs: every forward, then (under a tape) every backward, over the
+        placement of p.schedule; without backwards the forward-only schedule."""
+        pl, k = self._placement, self.params.num_stages
+        loop = pl.stage_devices == tuple(s % k for s in range(pl.num_stages))
+        if not backward and loop:
+            return generators.Make("forward_only", k, micro, pl.num_stages // k)
+        acts = []
+        for d in range(k):
+            stages = pl.StagesOf(d)
+            acts.append([Action(FORWARD, s, m) for s in stages for m in range(micro)])
+            if backward:
+                acts[-1] += [
+                    Action(BACKWARD, s, m) for s in stages[::-1] for m in range(micro)[::-1]
+                ]
+        name = "gpipe" if backward else "forward_only"
+        return schedule.Schedule(name, k, pl.num_stages, micro, acts, pl.stage_devices)
 
-        def Call(fn, inputs, ctx, name, recompute=False, after=(), accumulator=None):
-            if training:
-                return StageCall(fn, inputs, ctx, recompute, after, name, accumulator)
-            return PlainCall(fn, inputs, ctx, after, name)
+    def _Work(self, theta: NestedMap, args: tuple, sizes: list, sched: schedule.Schedule) -> tuple:
+        """executor.Forward's arguments after the schedule: stages, micro-batches, keep, context."""
+        with tf.device(self._devices[0]), tf.name_scope("split"):
+            micro_args = micro_batch.Split(args, sizes, self.params.batch_dim)
+        kept = self.KeptActivations(sched)
+        return self._Stages(theta), micro_args, lambda s, m: (s, m) in kept, self._Contexts()
 
-        split = lambda *a: micro_batch.Split(a, sizes, p.batch_dim)  # noqa: E731
-        micro_args = Call(split, args, context(0, 0), "stage0_split") if num_micro > 1 else [args]
-        # The micro-batches of a stage share its weights; one accumulator per stage
-        # sums their gradient on the stage's device, one micro-batch at a time.
-        thetas = [[theta[f"cell_{i}"] for i in idx] for idx in self._stage_cells]
-        accumulators = [GradientAccumulator(num_micro) for _ in range(num_chunks)]
-
-        state = list(micro_args)
-        last_out: list[Any] = [None] * num_chunks
-        for tick in generators.ForwardTicks(num_chunks, num_micro):
-            for k, m in tick:
-                recompute = p.remat == "always" or (p.remat == "except_last" and m < num_micro - 1)
-                idx = self._stage_cells[k]
-                run = self._Compiled(lambda th, a, idx=idx: self._RunCells(idx, th, a))
-                after = [] if last_out[k] is None else tf.nest.flatten(last_out[k])[:1]
-                out = Call(
-                    run,
-                    (thetas[k], state[m]),
-                    context(k, m),
-                    f"stage{k}_mb{m}",
-                    recompute,
-                    after,
-                    accumulators[k],
-                )
-                state[m] = sequential.AsArgs(out)
-                last_out[k] = out
-        outputs = [s[0] if len(s) == 1 else s for s in state]
-        if num_micro == 1:
+    def _Merged(self, micro_outputs: list, sizes: list) -> Any:
+        """The last stage's outputs of every micro-batch, as FProp returns them."""
+        outputs = [sequential.AsArgs(o) for o in micro_outputs]
+        outputs = [o[0] if len(o) == 1 else o for o in outputs]
+        if len(sizes) == 1:
             return outputs[0]
-        merge = lambda *outs: micro_batch.Merge(list(outs), sizes, p.batch_dim)  # noqa: E731
-        return Call(merge, tuple(outputs), context(num_chunks - 1, 0), "merge")
+        with tf.device(self.StageDevice(len(self._stage_cells) - 1)), tf.name_scope("merge"):
+            return micro_batch.Merge(outputs, sizes, self.params.batch_dim)
+
+    def _Differentiable(self, theta: NestedMap, args: tuple, sizes: list) -> Any:
+        """The fill-drain forwards, as one custom gradient whose gradient runs the
+        executor's backwards from the outputs' gradient, each on its stage's device."""
+        sched = self._FillDrain(len(sizes))
+        flat = tf.nest.flatten((theta, args))
+        pos = [i for i, x in enumerate(flat) if isinstance(x, (tf.Tensor, tf.Variable))]
+        structure = []
+
+        @tf.custom_gradient
+        def Pipelined(*tensors):
+            leaves = list(flat)
+            for i, t in zip(pos, tensors):
+                leaves[i] = t
+            th, a = tf.nest.pack_sequence_as((theta, args), leaves)
+            step = executor.Forward(sched, *self._Work(th, a, sizes, sched))
+            micro_out = step.Outputs()
+            outputs = self._Merged(micro_out, sizes)
+            structure[:] = [outputs]
+
+            def Grad(*dys, variables=None):
+                # tf.gradients colocates a gradient with its op: undo it, each action
+                # enters its own device.
+                with tf.compat.v1.colocate_with(None, ignore_existing=True):
+                    dys = tf.nest.pack_sequence_as(outputs, list(dys))
+                    return self._Backward(step, th, a, sizes, dys, variables or [], tensors)
+
+            return tf.nest.flatten(outputs), Grad
+
+        # Variables are read where they live; the custom gradient's identities go on
+        # the last stage, with the outputs.
+        read = [_ReadWhereItLives(flat[i]) for i in pos]
+        with tf.device(self.StageDevice(sched.num_stages - 1)):
+            flat_out = Pipelined(*read)
+        return tf.nest.pack_sequence_as(structure[0], flat_out)
+
+    def _Backward(self, step, theta, args, sizes, dys, variables, tensors) -> tuple[list, list]:
+        """Pipelined's gradient: (gradients of its tensors, of the variables it read)."""
+        p = self.params
+        with tf.device(self.StageDevice(step.sched.num_stages - 1)), tf.name_scope("split_dy"):
+            micro_dys = micro_batch.SplitLike(dys, step.Outputs(), sizes, p.batch_dim)
+        result = executor.Backward(step, micro_dys)
+        with tf.device(self._devices[0]), tf.name_scope("merge_dx"):
+            input_grads = micro_batch.MergeGradients(result.input_grads, args, sizes, p.batch_dim)
+        grads = tf.nest.flatten((self._ThetaGrads(theta, result), input_grads))
+        flat = tf.nest.flatten((theta, args))
+        pos = [i for i, x in enumerate(flat) if isinstance(x, (tf.Tensor, tf.Variable))]
+        out = []
+        for i, t in zip(pos, tensors):
+            g = grads[i]
+            out.append(None if g is None or not t.dtype.is_floating else tf.cast(g, t.dtype))
+        return out, [result.extra_grads.get(v.ref()) for v in variables]
+
+    def _StageThetas(self, theta: NestedMap) -> list[NestedMap]:
+        return [
+            NestedMap({f"cell_{i}": theta[f"cell_{i}"] for i in idx}) for idx in self._stage_cells
+        ]
+
+    def _Stages(self, theta: NestedMap) -> list[executor.Stage]:
+        return [
+            executor.Stage(tf.nest.flatten(th), self._StageFn(idx, th))
+            for idx, th in zip(self._stage_cells, self._StageThetas(theta))
+        ]
+
+    def _ThetaGrads(self, theta: NestedMap, result: executor.Result) -> NestedMap:
+        """Like theta: each leaf's gradient from its stage's weight gradients."""
+        grads = NestedMap()
+        for th, stage_grads in zip(self._StageThetas(theta), result.weight_grads):
+            grads.update(tf.nest.pack_sequence_as(th, stage_grads))
+        return NestedMap({k: grads[k] for k in theta})
 
     # ---- The schedule's executor ------------------------------------------------
 
@@ -472,7 +547,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         p = self.params
         micro = num_micro_batches or p.num_micro_batches
         try:
-            return generators.Make(p.schedule, p.num_stages, micro, p.num_virtual_stages)
+            return generators.Resolve(p.schedule, p.num_stages, micro, p.num_virtual_stages)
         except schedule.ScheduleError as e:
             raise ValueError(f"{self.path}: {e}") from None
 
@@ -541,40 +616,20 @@ class PipeliningLayer(base_layer.BaseLayer):
         args = inputs if isinstance(inputs, tuple) else (inputs,)
         sizes = self._Sizes(args)
         sched = self.Schedule(len(sizes))
-        context = self._Contexts()
-        with tf.device(self._devices[0]), tf.name_scope("split"):
-            micro_args = micro_batch.Split(args, sizes, p.batch_dim)
+        stages, micro_args, keep, context = self._Work(theta, args, sizes, sched)
         micro_loss = [None] * len(sizes)
         if loss_inputs is not None:
             with tf.device(self.StageDevice(sched.num_stages - 1)), tf.name_scope("split_loss"):
                 micro_loss = micro_batch.Split(loss_inputs, sizes, p.batch_dim)
-        thetas = [
-            NestedMap({f"cell_{i}": theta[f"cell_{i}"] for i in idx}) for idx in self._stage_cells
-        ]
-        stages = [
-            executor.Stage(tf.nest.flatten(th), self._StageFn(idx, th))
-            for idx, th in zip(self._stage_cells, thetas)
-        ]
-        kept = self.KeptActivations(sched)
         with normalization.BatchNormStats() as stats:
             result = executor.Run(
-                sched,
-                stages,
-                micro_args,
-                loss_fn,
-                micro_loss,
-                lambda s, m: (s, m) in kept,
-                context,
-                loss_scale,
+                sched, stages, micro_args, loss_fn, micro_loss, keep, context, loss_scale
             )
         stats.Apply()
-        theta_grads = NestedMap()
-        for th, grads in zip(thetas, result.weight_grads):
-            theta_grads.update(tf.nest.pack_sequence_as(th, grads))
         input_grads = micro_batch.MergeGradients(result.input_grads, args, sizes, p.batch_dim)
         return NestedMap(
             metrics=result.metrics,
-            theta_grads=theta_grads,
+            theta_grads=self._ThetaGrads(theta, result),
             input_grads=input_grads if isinstance(inputs, tuple) else input_grads[0],
             variable_grads=result.extra_grads,
         )
@@ -608,3 +663,11 @@ class PipeliningLayer(base_layer.BaseLayer):
     @classmethod
     def FPropMeta(cls, p: hyperparams.Params, *input_shapes: Any) -> NestedMap:
         return sequential.ChainMeta(p, p.cell_tpl, input_shapes)
+
+
+def _ReadWhereItLives(x: Any) -> Any:
+    """A variable's value, read on its device (a tensor as it is)."""
+    if not isinstance(x, tf.Variable):
+        return x
+    with tf.device(x.device):
+        return tf.convert_to_tensor(x)

@@ -1,4 +1,4 @@
-"""The GPipe engine's pieces, each testable alone: partition, micro_batch, stage_call, schedule.
+"""The GPipe engine's pieces, each testable alone: partition, micro_batch, schedule, executor.
 
 `lingpipe.layers.gpipe.PipeliningLayer` puts them together.
 """

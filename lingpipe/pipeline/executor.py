@@ -3,6 +3,13 @@
     result = executor.Run(sched, stages, micro_inputs, loss_fn, micro_loss_inputs,
                           keep=..., context=...)
 
+or in two halves, for a caller whose tape asks for the gradient later (the
+schedule's forwards all come first: fill-drain, or forward-only):
+
+    step = executor.Forward(sched, stages, micro_inputs, keep, context)
+    step.Outputs()                        # the last stage's outputs, per micro-batch
+    result = executor.Backward(step, dys)  # the rest, from the outputs' gradients
+
 For every action of `sched` (in an order its simulation says is valid) the
 executor creates the action's ops on its stage's device, after the previous
 action of the same device (a control dependency on what that action produced),
@@ -12,12 +19,17 @@ so each device follows its list; nothing else is ordered but the data.
   (`keep(s, m)`), under a tape; else without one (the backward replays it). On
   the last stage `loss_fn(outputs, loss_inputs_m)` gives the micro-batch's metrics.
 - B s m: the gradient of the stage's inputs and weights, from the gradient of its
-  outputs that stage s+1's backward produced (on the last stage, from the loss),
+  outputs that stage s+1's backward produced (on the last stage, from the loss, or
+  from the outputs' gradients given to Backward),
   replaying the forward first if it was not kept. The weights' gradient is added
   to the stage's running sum on its device.
 - I s m / W s m (zero bubble): B in two. I computes the inputs' gradient and sends
   it on; the ops that only the weights' gradient needs are held back (a control
   input each) until W's turn on the device.
+
+An exception raised while an action is built or run is raised again (same type
+where it can be) naming the action, its device and that device's list with the
+action marked.
 
 The loss of the batch is the weighted mean of the micro-batches' losses, as the
 task's (value, weight) metrics say: sum_m loss_m w_m / sum_m w_m. Each backward
@@ -128,6 +140,36 @@ class _Step:
         self.extra: dict = {}
         self.metrics: list = [None] * sched.num_micro_batches
         self.eager = tf.executing_eagerly()
+        self.chain: list[list] = [[] for _ in range(sched.num_devices)]
+        self.rest: list = []  # the actions Backward runs
+
+    def Outputs(self) -> list:
+        """The last stage's outputs, one structure per micro-batch."""
+        return [self.outputs[(self.sched.num_stages - 1, m)] for m in range(len(self.metrics))]
+
+    def Act(self, actions: Sequence[Any]) -> None:
+        """Creates `actions` in order, each on its device after the device's previous one."""
+        for a in actions:
+            s, m, d = a.stage, a.micro_batch, self.sched.DeviceOf(a.stage)
+            ctx = self.context(s, m)
+            after = [] if self.eager else self.chain[d]
+            try:
+                with (
+                    tf.device(ctx.device),
+                    tf.name_scope(f"{a.kind}_s{s}_mb{m}"),
+                    tf.control_dependencies(after),
+                ):
+                    if a.kind == FORWARD:
+                        done = self.DoForward(s, m)
+                    elif a.kind == BACKWARD_INPUT:
+                        done = self.DoBackwardInput(s, m)
+                    elif a.kind == BACKWARD_WEIGHT:
+                        done = self.DoBackwardWeight(s, m, after)
+                    else:
+                        done = self.DoBackward(s, m)
+            except Exception as e:
+                raise _Named(e, self.sched, a, ctx.device) from e
+            self.chain[d] = done or self.chain[d]
 
     def Inputs(self, s: int, m: int) -> Any:
         return self.micro_inputs[m] if s == 0 else self.outputs[(s - 1, m)]
@@ -144,7 +186,7 @@ class _Step:
             with Entered(ctx):
                 outputs = ctx.annotate(stage.run(stage.weights, inputs))
                 objective = None
-                if s == self.sched.num_stages - 1:
+                if s == self.sched.num_stages - 1 and self.loss_fn is not None:
                     metrics = CheckMetrics(self.loss_fn(outputs, self.loss_inputs[m]))
                     if not ctx.recompute:
                         self.metrics[m] = metrics
@@ -189,10 +231,9 @@ class _Step:
         in_pos = [i for i, x in enumerate(flat_in) if _IsFloat(x)]
         w_pos = [i for i, w in enumerate(stage.weights) if _IsFloat(w)]
         weights = [stage.weights[i] for i in w_pos]
-        extras = []
-        if objective is not None:  # variables the loss read, outside the stages
-            known = {w.ref() for w in weights if isinstance(w, tf.Variable)}
-            extras = [v for v in tape.watched_variables() if v.ref() not in known]
+        # Variables read but not among the weights (by the loss, or a cell's own read).
+        known = {w.ref() for w in weights if isinstance(w, tf.Variable)}
+        extras = [v for v in tape.watched_variables() if v.ref() not in known]
         sources = [flat_in[i] for i in in_pos] + list(weights) + extras
         grads = tape.gradient(
             targets,
@@ -298,48 +339,83 @@ def Run(
         unscaled, and not finite where the scaled ones overflowed.
     """
     step = _Step(sched, stages, micro_inputs, loss_fn, micro_loss_inputs, keep, context, loss_scale)
-    chain: list[list] = [[] for _ in range(sched.num_devices)]
-    for a in simulate.Simulate(sched).order:
-        s, m, d = a.stage, a.micro_batch, sched.DeviceOf(a.stage)
-        ctx = context(s, m)
-        after = [] if step.eager else chain[d]
-        with (
-            tf.device(ctx.device),
-            tf.name_scope(f"{a.kind}_s{s}_mb{m}"),
-            tf.control_dependencies(after),
-        ):
-            if a.kind == FORWARD:
-                done = step.DoForward(s, m)
-            elif a.kind == BACKWARD_INPUT:
-                done = step.DoBackwardInput(s, m)
-            elif a.kind == BACKWARD_WEIGHT:
-                done = step.DoBackwardWeight(s, m, after)
-            else:
-                done = step.DoBackward(s, m)
-        chain[d] = done or chain[d]
-    return _Finish(step, context)
+    step.Act(simulate.Simulate(sched).order)
+    return _Finish(step)
 
 
-def _Finish(step: _Step, context: Callable[[int, int], StageContext]) -> Result:
+def Forward(
+    sched: Schedule,
+    stages: Sequence[Stage],
+    micro_inputs: Sequence[Any],
+    keep: Callable[[int, int], bool],
+    context: Callable[[int, int], StageContext],
+) -> _Step:
+    """Runs the forwards of `sched`, which must all come before its first backward
+    (fill-drain, forward-only); Backward(step, dys) runs the rest. No loss: the last
+    stage's outputs are step.Outputs()."""
+    order = simulate.Simulate(sched).order
+    first = next((i for i, a in enumerate(order) if a.kind != FORWARD), len(order))
+    late = [a for a in order[first:] if a.kind == FORWARD]
+    if late:
+        raise ValueError(
+            f"executor.Forward: schedule {sched.name!r} runs {late[0]} after a backward; "
+            "expected every forward first (a fill-drain or forward-only schedule)"
+        )
+    none = [None] * sched.num_micro_batches
+    step = _Step(sched, stages, micro_inputs, None, none, keep, context)
+    step.Act(order[:first])
+    step.rest = order[first:]
+    return step
+
+
+def Backward(step: _Step, output_grads: Sequence[Any]) -> Result:
+    """The backwards of Forward's `step`, the last stage's starting from `output_grads`
+    (per micro-batch, like step.Outputs()); Result.metrics is empty, nothing is scaled."""
+    for m, dys in enumerate(output_grads):
+        step.input_grads[(step.sched.num_stages, m)] = tf.nest.flatten(dys)
+    step.Act(step.rest)
+    return _Finish(step)
+
+
+def _Named(error: Exception, sched: Schedule, action: Any, device: str) -> Exception:
+    """`error` again, its message naming `action` and showing its device's list."""
+    d = sched.DeviceOf(action.stage)
+    listed = ", ".join(f">> {a} <<" if a == action else str(a) for a in sched.device_actions[d])
+    message = (
+        f"pipeline: {action} on device {d} ({device}) failed: {type(error).__name__}: {error}\n"
+        f"device {d} of schedule {sched.name!r} runs: {listed}"
+    )
+    if isinstance(error, tf.errors.OpError):
+        return type(error)(error.node_def, error.op, message)
+    try:
+        return type(error)(message)
+    except Exception:  # an exception type that takes other arguments
+        return ValueError(message)
+
+
+def _Finish(step: _Step) -> Result:
     """Weighted means of the metrics; every gradient scaled by 1 / (the total loss
-    weight * the loss scale)."""
-    last = step.sched.num_stages - 1
-    with tf.device(context(last, 0).device), tf.name_scope("metrics"):
-        metrics = NestedMap()
-        for name in step.metrics[0]:
-            pairs = [mm[name] for mm in step.metrics]
-            weights = [tf.cast(w, tf.float32) for _, w in pairs]
-            total = tf.add_n(weights)
-            weighted = tf.add_n([tf.cast(v, tf.float32) * w for (v, _), w in zip(pairs, weights)])
-            metrics[name] = (tf.math.divide_no_nan(weighted, total), total)
-        total = metrics.loss[1]
-        if step.loss_scale is not None:
-            total = total * tf.cast(step.loss_scale, tf.float32)
-        scale = tf.math.divide_no_nan(1.0, total)
+    weight * the loss scale) when there is a loss."""
+    context, last = step.context, step.sched.num_stages - 1
+    metrics, scale = NestedMap(), None
+    if step.loss_fn is not None:
+        with tf.device(context(last, 0).device), tf.name_scope("metrics"):
+            for name in step.metrics[0]:
+                pairs = [mm[name] for mm in step.metrics]
+                weights = [tf.cast(w, tf.float32) for _, w in pairs]
+                total = tf.add_n(weights)
+                weighted = tf.add_n(
+                    [tf.cast(v, tf.float32) * w for (v, _), w in zip(pairs, weights)]
+                )
+                metrics[name] = (tf.math.divide_no_nan(weighted, total), total)
+            total = metrics.loss[1]
+            if step.loss_scale is not None:
+                total = total * tf.cast(step.loss_scale, tf.float32)
+            scale = tf.math.divide_no_nan(1.0, total)
 
     def Scaled(g: Any, device: str) -> Any:
-        if g is None:
-            return None
+        if g is None or scale is None:
+            return g
         with tf.device(device):
             return precision.Scale(g, scale)
 

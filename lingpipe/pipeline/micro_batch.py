@@ -136,6 +136,26 @@ def Merge(micro_outputs: list[Any], sizes: list[Size], batch_dim: int) -> Any:
     return tf.nest.pack_sequence_as(first, merged)
 
 
+def SplitLike(merged: Any, micro_outputs: list[Any], sizes: list[Size], batch_dim: int) -> list:
+    """Inverse of Merge (for the gradient of merged outputs): M structures like
+    `micro_outputs`, a concatenated leaf cut by `sizes`, a stacked one unstacked."""
+    if len(sizes) == 1:  # nothing was merged
+        return [tf.nest.pack_sequence_as(micro_outputs[0], tf.nest.flatten(merged))]
+    flats = [tf.nest.flatten(o) for o in micro_outputs]
+    splits = sizes if all(isinstance(s, int) for s in sizes) else tf.stack(sizes)
+    parts = []
+    for i, leaf in enumerate(tf.nest.flatten(merged)):
+        if leaf is None:
+            parts.append([None] * len(sizes))
+        elif all(IsBatched(f[i], s, batch_dim) for f, s in zip(flats, sizes)):
+            parts.append(tf.split(leaf, splits, num=len(sizes), axis=batch_dim))
+        else:
+            parts.append(tf.unstack(leaf, num=len(sizes)))
+    return [
+        tf.nest.pack_sequence_as(micro_outputs[m], [p[m] for p in parts]) for m in range(len(sizes))
+    ]
+
+
 def MergeGradients(
     micro_grads: list[list], structure: Any, sizes: list[Size], batch_dim: int
 ) -> Any:

@@ -152,7 +152,8 @@ def PlainStack(pipe, *args):
     return outputs
 
 
-STAGE_SCOPE = re.compile(r"(?:^|/)stage(\d+)_")
+# The executor's scope of an action: F_s3_mb1/, B_s0_mb2/, ...
+STAGE_SCOPE = re.compile(r"(?:^|/)[FBIW]_s(\d+)_mb\d+/")
 _RESOURCE_OPS = {"Placeholder", "ReadVariableOp"}
 
 
@@ -161,15 +162,15 @@ def _CapturedDevices(graph):
     return {inner.op.name: outer.device for outer, inner in graph.captures}
 
 
-def Misplaced(graph):
-    """Ops in a stage's scopes that are not on that stage's device."""
+def Misplaced(graph, device_of=lambda stage: stage):
+    """Ops in a stage's scopes that are not on that stage's device (CPU:device_of(stage))."""
     captured = _CapturedDevices(graph)
     bad = []
     for op in graph.get_operations():
         m = STAGE_SCOPE.search(op.name)
         if not m:
             continue
-        want = f"/device:CPU:{m.group(1)}"
+        want = f"/device:CPU:{device_of(int(m.group(1)))}"
         device = op.device
         if op.type in _RESOURCE_OPS and not device:
             # A variable's handle and its reads run where the variable lives.

@@ -36,7 +36,7 @@ def test_every_stage_op_forward_recompute_and_gradient_is_on_its_device(how, rem
     for op in graph.get_operations():
         m = STAGE_SCOPE.search(op.name)
         if m:
-            kinds["grad" if "_grad/" in op.name else "fwd"] += 1
+            kinds["grad" if "B_s" in m.group(0) else "fwd"] += 1
             assert op.type != "Einsum" or op.device == f"/device:CPU:{m.group(1)}"
     assert kinds["grad"] > 0 and kinds["fwd"] > 0
     # The cells' compute lives only inside stage scopes: outside are the loss and its
@@ -64,7 +64,7 @@ def _ForwardOpsInBackward(graph, op_type):
     """Per (stage, micro-batch): how many `op_type` ops its backward scope holds."""
     counts = collections.Counter()
     for op in graph.get_operations():
-        m = re.search(r"stage(\d+)_mb(\d+)_grad/", op.name)
+        m = re.search(r"(?:^|/)B_s(\d+)_mb(\d+)/", op.name)
         if m and op.type == op_type:
             counts[(int(m.group(1)), int(m.group(2)))] += 1
     return counts
@@ -125,7 +125,7 @@ def _BarrierPipeline(timeout):
 
 def test_stages_work_on_different_micro_batches_at_the_same_time():
     pipe, x = _BarrierPipeline(timeout=60)
-    for mode in (False, True):  # training (StageCall) and eval (PlainCall)
+    for mode in (False, True):  # training (fill-drain) and eval (forward-only)
         with base_layer.EvalMode(mode):
             y = tf.function(lambda: pipe.FProp(pipe.theta, x))()
         np.testing.assert_array_equal(y.numpy(), x.numpy())
