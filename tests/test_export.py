@@ -83,7 +83,8 @@ def test_served_model_answers_any_batch_from_ids_alone(task, tmp_path):
     pipelined = export.Export(task, str(tmp_path / "pipelined"))
     single = export.Export(task, str(tmp_path / "single"), single_device=True)
     rng = np.random.default_rng(0)
-    ids = {f"b{b}": rng.integers(3, 259, size=(b, 16), dtype=np.int32) for b in (3, 5)}
+    # Batches of 3 and 5, and 1: fewer rows than the pipeline's micro-batches (2).
+    ids = {f"b{b}": rng.integers(3, 259, size=(b, 16), dtype=np.int32) for b in (3, 5, 1)}
     ids["b5"][1, 10:] = 0  # a shorter sequence, padded with PAD_ID
     np.savez(tmp_path / "ids.npz", **ids)
     subprocess.run(

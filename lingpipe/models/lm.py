@@ -312,12 +312,16 @@ class TransformerLm(base_task.BaseTask):
         """Next-token predictions of ids [b, t] (paddings where ids == PAD_ID):
         {logits: float32 [b, t, vocab_size], predictions: int32 [b, t], the most
         likely next id}."""
+        # The pipeline splits a batch into num_micro_batches: a smaller batch gets
+        # padded rows, dropped from the results.
+        batch = tf.shape(ids)[0]
+        ids = tf.pad(ids, [[0, tf.maximum(self.params.num_micro_batches - batch, 0)], [0, 0]])
         paddings = tf.cast(tf.equal(ids, text_lm.PAD_ID), self.fprop_dtype)
         state = NestedMap(ids=ids, paddings=paddings)
         if self.params.tie_embeddings:
             with tf.device(self.pipeline.devices[0]):
                 state.tied_emb = tf.convert_to_tensor(theta.emb)[tf.newaxis]
-        logits = tf.cast(self.pipeline.FProp(theta.pipeline, state).logits, tf.float32)
+        logits = tf.cast(self.pipeline.FProp(theta.pipeline, state).logits[:batch], tf.float32)
         return {"logits": logits, "predictions": tf.argmax(logits, axis=-1, output_type=tf.int32)}
 
     def PipelineInputs(self, theta: NestedMap, input_batch: NestedMap) -> tuple:
