@@ -81,21 +81,26 @@ class _Device:
 
 
 def BreadthFirst(
-    name: str, num_devices: int, num_micro_batches: int, num_virtual_stages: int = 1
+    name: str,
+    num_devices: int,
+    num_micro_batches: int,
+    num_virtual_stages: int = 1,
+    placement: tuple[int, ...] | None = None,
 ) -> Schedule:
-    """Every micro-batch through a device's chunk 0, then chunk 1, ... (loop placement),
-    then the backwards, last chunk and last micro-batch first: `gpipe` (v = 1, the
-    fill-drain), `looped_bfs`, and `forward_only` (no backwards: evaluation). All M
-    micro-batches stay alive on every chunk."""
+    """Every micro-batch through a device's first stage, then its second, ... (placement:
+    stage_devices, default the loop one of K * v stages), then the backwards, last stage
+    and last micro-batch first: `gpipe` (v = 1, the fill-drain), `looped_bfs`, and
+    `forward_only` (no backwards: evaluation). All M micro-batches stay alive."""
     k, m, v = num_devices, num_micro_batches, num_virtual_stages
+    placement = placement or tuple(s % k for s in range(k * v))
     devices = []
     for d in range(k):
-        stages = [c * k + d for c in range(v)]
+        stages = [s for s, where in enumerate(placement) if where == d]
         acts = [Action(FORWARD, s, mb) for s in stages for mb in range(m)]
         if name != "forward_only":
             acts += [Action(BACKWARD, s, mb) for s in stages[::-1] for mb in reversed(range(m))]
         devices.append(acts)
-    return _Built(name, k, m, devices, v)
+    return _Built(name, k, m, devices, placement=placement)
 
 
 def _Rounds(k: int, m: int, v: int, reverse: bool = False) -> tuple[list[int], int]:
@@ -320,8 +325,3 @@ def ForwardTicks(num_stages: int, num_micro_batches: int) -> list[list[tuple[int
     for t in range(num_stages + num_micro_batches - 1):
         ticks.append([(k, t - k) for k in range(num_stages) if 0 <= t - k < num_micro_batches])
     return ticks
-
-
-def BubbleFraction(num_stages: int, num_micro_batches: int) -> float:
-    """Idle share of the fill-drain pipeline, (K - 1) / (M + K - 1), as in the GPipe paper."""
-    return (num_stages - 1) / (num_micro_batches + num_stages - 1)

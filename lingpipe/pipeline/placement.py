@@ -11,9 +11,9 @@ replica of K cores places work by annotating tensors with a logical core
 every stage's forward outputs and the gradients its backward returns are annotated
 with `assign(tensor, k)`, k being the index of the stage's device in `stage_devices`
 (one entry per pipeline device); XLA places the ops that produce them on logical
-core k. Which device runs a stage is the schedule's to say (`StageAnnotators`:
-`sched.DeviceOf(stage)`, so a V-shaped schedule's stages 0 and 2K-1 share core 0).
-Outside the context `Annotate` returns its tensors as they are.
+core k. Which device runs a stage is the schedule's to say (`sched.DeviceOf(stage)`:
+a V-shaped schedule's stages 0 and 2K-1 share core 0). Outside the context
+`Annotate` returns its tensors as they are.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import tensorflow as tf
-
-from lingpipe.pipeline.schedule import Schedule
 
 _ACTIVE = threading.local()
 
@@ -73,15 +71,3 @@ def StageAnnotator(device: str) -> Callable[[Any], Any]:
     return lambda values: tf.nest.map_structure(
         lambda t: assign(t, core) if isinstance(t, tf.Tensor) else t, values
     )
-
-
-def StageAnnotators(sched: Schedule, devices: Sequence[str]) -> list[Callable[[Any], Any]]:
-    """Per stage s of `sched`, StageAnnotator(devices[sched.DeviceOf(s)]): the annotation
-    of the logical core of the device the schedule puts the stage on."""
-    if len(devices) != sched.num_devices:
-        raise ValueError(
-            f"placement.StageAnnotators: schedule {sched.name!r} runs on {sched.num_devices} "
-            f"devices, received {len(devices)} device names {list(devices)}"
-        )
-    by_device = [StageAnnotator(d) for d in devices]
-    return [by_device[sched.DeviceOf(s)] for s in range(sched.num_stages)]

@@ -164,11 +164,16 @@ def test_costs_change_the_makespan_and_bubble():
     assert heavy.makespan > unit.makespan
 
 
-def test_bubble_fraction_formula():
-    assert generators.BubbleFraction(1, 8) == 0.0
-    assert generators.BubbleFraction(4, 1) == 0.75
-    sim = simulate.Simulate(generators.Make("gpipe", 4, 8))
-    assert sim.bubble == pytest.approx(generators.BubbleFraction(4, 8))
+def test_gpipe_bubble_is_the_papers_formula():
+    for k, m in ((1, 8), (4, 1), (4, 8)):
+        assert Bubble("gpipe", k, m) == pytest.approx((k - 1) / (m + k - 1))  # GPipe paper
+
+
+def test_breadth_first_over_any_placement():
+    v = generators.BreadthFirst("gpipe", 2, 2, placement=generators.VPlacement(2))
+    assert Kinds(v.device_actions[0]) == "FFFFBBBB"
+    assert [a.stage for a in v.device_actions[0]] == [0, 0, 3, 3, 3, 3, 0, 0]
+    simulate.Simulate(v)
 
 
 def test_command_prints_the_grid_and_figures():
