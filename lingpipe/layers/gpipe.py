@@ -492,7 +492,7 @@ class PipeliningLayer(base_layer.BaseLayer):
             def Grad(*dys, variables=None):
                 # tf.gradients colocates a gradient with its op: undo it, each action
                 # enters its own device.
-                with tf.compat.v1.colocate_with(None, ignore_existing=True):
+                with tf.compat.v1.get_default_graph().colocate_with(None, ignore_existing=True):
                     dys = tf.nest.pack_sequence_as(outputs, list(dys))
                     return self._Backward(step, th, a, sizes, dys, variables or [], tensors)
 

@@ -26,9 +26,13 @@ from lingpipe.nested_map import NestedMap
 from lingpipe.pipeline import generators
 
 REMATS = ("always", "except_last", "never")
-# The schedules before V placement; every schedule once the executor places V stages.
-FOUR = generators.SCHEDULES[:4]
+FOUR = generators.SCHEDULES[:4]  # gpipe, 1f1b, interleaved_1f1b, zero_bubble
 CASES = [c for c in ALL if c[0] in FOUR]  # every K, M and v that can run (test_schedule)
+# The other schedules (V placement among them), each case once, the remat policy rotating.
+OTHERS = [
+    (name, k, m, v, REMATS[(k + i) % 3])
+    for i, (name, k, m, v) in enumerate(c for c in ALL if c[0] not in FOUR)
+]
 # Traced (the graph, with its chains and held-back weight gradients): every schedule
 # with every (K, M) pair, the remat policy rotating.
 TRACED = [
@@ -122,6 +126,13 @@ def test_mlp_grid_eagerly(name, k, m, v, remat):
     AssertSameAsReference(pipe, (tf.random.normal([8, DIMS]),))
 
 
+@pytest.mark.parametrize("name,k,m,v,remat", OTHERS)
+def test_mlp_grid_of_the_other_schedules_eagerly(name, k, m, v, remat):
+    pipe = Pipeline([Mlp()] * 8, k, m, remat, schedule=name, num_virtual_stages=v)
+    assert len(pipe.stage_cells) == pipe.Schedule(m).num_stages
+    AssertSameAsReference(pipe, (tf.random.normal([8, DIMS]),), rtol=1e-5)
+
+
 @pytest.mark.parametrize("name,k,m,v,remat", TRACED)
 def test_mlp_grid_traced(name, k, m, v, remat):
     pipe = Pipeline([Mlp()] * 8, k, m, remat, schedule=name, num_virtual_stages=v)
@@ -187,7 +198,7 @@ def _ChainPredecessors(graph, sched):
 
 @pytest.mark.parametrize(
     "name,k,m,v", [("gpipe", 3, 4, 1), ("1f1b", 4, 8, 1), ("zero_bubble", 3, 4, 1),
-                   ("interleaved_1f1b", 2, 4, 2)],
+                   ("interleaved_1f1b", 2, 4, 2), ("zbv", 2, 4, 1), ("dualpipev", 2, 4, 1)],
 )  # fmt: skip
 def test_each_device_follows_its_list_in_the_traced_graph(name, k, m, v):
     pipe = Pipeline([Mlp()] * 8, k, m, "always", schedule=name, num_virtual_stages=v)
@@ -230,7 +241,7 @@ def owner_is(key, op, ops):
 
 
 @pytest.mark.parametrize(
-    "name,v", [("gpipe", 1), ("1f1b", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2)]
+    "name,v", [("gpipe", 1), ("1f1b", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2), ("zbv", 1)]
 )
 def test_every_op_of_every_action_is_on_its_stage_device(name, v):
     pipe = Pipeline([Mlp()] * 8, 4, 4, "always", schedule=name, num_virtual_stages=v)
@@ -238,9 +249,10 @@ def test_every_op_of_every_action_is_on_its_stage_device(name, v):
     step = lambda: pipe.ForwardBackward(pipe.theta, (x,), Loss).theta_grads  # noqa: E731
     graph = tf.function(step, autograph=False).get_concrete_function().graph
     ops = _ActionOps(graph)
-    assert len(ops) == 4 * v * 4 * (3 if name == "zero_bubble" else 2)
+    chunks = 8 if name == "zbv" else 4 * v
+    assert len(ops) == chunks * 4 * (3 if name in ("zero_bubble", "zbv") else 2)
     for (_, stage, _), group in ops.items():
-        want = f"/device:CPU:{stage % 4}"
+        want = pipe.StageDevice(stage)[-len("/device:CPU:0") :]
         # A variable's handle and reads run where the variable lives (checked below).
         wrong = [
             (op.name, op.device)
@@ -248,7 +260,7 @@ def test_every_op_of_every_action_is_on_its_stage_device(name, v):
             if op.type not in ("Placeholder", "ReadVariableOp") and not op.device.endswith(want)
         ]
         assert not wrong, wrong[:5]
-    for idx, device in zip(pipe.stage_cells, [pipe.StageDevice(s) for s in range(4 * v)]):
+    for idx, device in zip(pipe.stage_cells, [pipe.StageDevice(s) for s in range(chunks)]):
         for i in idx:
             assert all(w.device.endswith(device[-5:]) for w in getattr(pipe, f"cell_{i}").variables)
 

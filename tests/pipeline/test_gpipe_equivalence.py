@@ -247,3 +247,26 @@ def test_unknown_batch_is_split_at_run_time(remat):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
         test_utils.AssertAllCloseToScale(sequential_out, PlainStack(pipe, x))
     assert Step.experimental_get_tracing_count() == 1
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "zbv"])
+def test_tf_gradients_through_the_one_engine_equal_the_reference(schedule):
+    """tf.gradients of FProp (traced) equals the tape over the sequential reference,
+    under loop and V placement."""
+    pipe = Pipeline([Mlp()] * 4, 2, 4, "except_last", schedule=schedule)
+    x = tf.random.normal([8, DIMS])
+
+    @tf.function(autograph=False)
+    def Step():
+        outputs = pipe.FProp(pipe.theta, x)
+        return outputs, tf.gradients(SquareLoss(outputs), list(pipe.trainable_variables) + [x])
+
+    outputs, grads = Step()
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        want = pipe.FPropSequential(pipe.theta, x)
+        loss = SquareLoss(want)
+    want_grads = tape.gradient(loss, list(pipe.trainable_variables) + [x])
+    test_utils.AssertAllCloseToScale(outputs, want)
+    for g, w in zip(grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)

@@ -1,9 +1,11 @@
 """PipeliningLayer errors name what was received and what was expected."""
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from gpipe_cells import DIMS, Mlp, Pipeline, Transformer
 
+from lingpipe import base_layer
 from lingpipe.layers import gpipe
 
 
@@ -142,3 +144,47 @@ def test_bad_cell_tpl():
         Pipeline([Mlp(), "fc"], 1, 1)
     with pytest.raises(ValueError, match="pipe: expected cell_tpl to be a list of layer params"):
         gpipe.PipeliningLayer.Params().Set(name="pipe", cell_tpl=Mlp()).Instantiate()
+
+
+class _FailsOnMicroBatch2(base_layer.BaseLayer):
+    """Passes x through, but fails on micro-batch 2: eagerly by its values (the rows
+    of micro-batch m hold m), when traced by its shape (batch 10, M=4: 3, 3, 2, 2 rows)."""
+
+    @classmethod
+    def Params(cls):
+        p = super().Params()
+        p.Define("fail", True, "False: only pass x through.")
+        return p
+
+    def FProp(self, theta, x):
+        if not self.params.fail:
+            return x
+        if not tf.executing_eagerly():
+            if x.shape[0] == 2:
+                raise ValueError(f"expected 3 rows, received {x.shape[0]}")
+            return x
+        tf.debugging.assert_none_equal(x[0, 0], 2.0, message="a row of micro-batch 2")
+        return x
+
+
+def test_an_action_that_fails_is_named_with_its_device_list():
+    # Eagerly the failure comes as the action runs: fill-drain, device 1 runs its four
+    # forwards, then its backwards from the last micro-batch.
+    cells = [_FailsOnMicroBatch2.Params().Set(fail=False), _FailsOnMicroBatch2.Params()]
+    pipe = Pipeline(cells, 2, 4)
+    x = tf.constant(np.repeat(np.arange(4.0), 2)[:, None] * np.ones([8, DIMS]), tf.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        with tf.GradientTape():
+            pipe.FProp(pipe.theta, x)
+    message = str(info.value)
+    assert "pipeline: F s1 mb2 on device 1 (/device:CPU:1) failed: InvalidArgumentError" in message
+    assert "a row of micro-batch 2" in message
+    assert "runs: F s1 mb0, F s1 mb1, >> F s1 mb2 <<, F s1 mb3, B s1 mb3, B s1 mb2" in message
+    # Traced, it fails as the action is built; under 1F1B device 1 alternates.
+    pipe = Pipeline([Mlp(), _FailsOnMicroBatch2.Params()], 2, 4, schedule="1f1b")
+    loss_fn = lambda y, _: {"loss": (tf.reduce_sum(y), 1.0)}  # noqa: E731
+    step = tf.function(lambda x: pipe.ForwardBackward(pipe.theta, (x,), loss_fn).metrics)
+    with pytest.raises(ValueError, match="expected 3 rows, received 2") as info:
+        step.get_concrete_function(tf.TensorSpec([10, DIMS]))
+    assert "pipeline: F s1 mb2 on device 1" in str(info.value)
+    assert "runs: F s1 mb0, B s1 mb0, F s1 mb1, B s1 mb1, >> F s1 mb2 <<" in str(info.value)

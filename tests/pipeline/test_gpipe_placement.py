@@ -153,3 +153,20 @@ def test_eager_gradients_are_computed_on_their_stage_device(remat):
     assert y.device.endswith("CPU:2")  # merged on the last stage
     for v, g in zip(pipe.trainable_variables, grads):
         assert g.device.endswith(v.device[-5:]), (v.name, v.device, g.device)
+
+
+@pytest.mark.parametrize("how", ["tape", "tf.gradients"])
+def test_v_placement_puts_both_ends_of_the_model_on_the_first_device(how):
+    """zbv over K=2 devices: 4 stages, stages 0 and 3 on device 0, 1 and 2 on device 1;
+    FProp under a tape (fill-drain over that placement) places every op so."""
+    pipe = Pipeline([Mlp()] * 8, 2, 4, "except_last", schedule="zbv")
+    device_of = [0, 1, 1, 0]
+    assert [pipe.StageDevice(s)[-5:] for s in range(4)] == [f"CPU:{d}" for d in device_of]
+    for s, cells in enumerate(pipe.stage_cells):
+        for i in cells:
+            for v in getattr(pipe, f"cell_{i}").variables:
+                assert v.device.endswith(f"CPU:{device_of[s]}"), (v.name, v.device)
+    graph = _Graph(pipe, (tf.random.normal([8, DIMS]),), how)
+    assert Misplaced(graph, lambda s: device_of[s]) == []
+    names = " ".join(op.name for op in graph.get_operations())
+    assert all(f"F_s{s}_mb3/" in names and f"B_s{s}_mb0/" in names for s in range(4))
