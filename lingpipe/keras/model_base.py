@@ -280,7 +280,8 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
             found = _TOO_SMALL.search(_ANSI.sub("", str(e)))
             if found is None:
                 raise
-            raise ValueError(f"{type(self).__name__} {self.name!r}: {found.group(0)}") from None
+            line = found.group(0).replace("\\'", "'")  # the run-time assertion escapes quotes
+            raise ValueError(f"{type(self).__name__} {self.name!r}: {line}") from None
         except BaseException:
             self._DropTracedFunctions()
             raise
