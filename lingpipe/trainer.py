@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import signal
 import sys
 from typing import NamedTuple
 
@@ -533,8 +534,10 @@ def _Run(scope: contextlib.ExitStack) -> int:
     if FLAGS.mode == "export":
         return _Export(tasks, plan, logdir)
     if layout.is_chief:
-        from lingpipe.runners import rundir
+        from lingpipe.runners import rundir, train_loop
 
+        # From here a signal ends the run cleanly, releasing the lock.
+        scope.enter_context(train_loop.StopBeforeSteps())
         scope.enter_context(rundir.LogdirLock(logdir))  # Held to the end of the run.
         if startup.WritesParams(logdir, FLAGS.mode):
             _WriteParams(logdir, resolved)
@@ -611,7 +614,14 @@ def Run() -> None:
             # the help: a success.
             sys.exit(0 if e.code == 1 else e.code)
 
-    app.run(lambda argv: sys.exit(main(argv)), flags_parser=ParseFlags)
+    def Main(argv: list[str]) -> None:
+        status = main(argv)
+        # The run has ended: a late Ctrl-C while Python tears TensorFlow down would
+        # raise in a finalizer and print 'Exception ignored in ... KeyboardInterrupt'.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        sys.exit(status)
+
+    app.run(Main, flags_parser=ParseFlags)
 
 
 if __name__ == "__main__":

@@ -324,7 +324,13 @@ class LogdirLock:
         self._holder = None
 
     def __enter__(self) -> LogdirLock:
-        self.Acquire()
+        try:
+            self.Acquire()
+        except BaseException:
+            # Interrupted (a signal) after the lock file was created: it is ours.
+            self._holder = self._holder or self._Holder()
+            self.Release()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:

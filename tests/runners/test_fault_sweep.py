@@ -351,3 +351,53 @@ def test_eval_with_other_flags_leaves_the_runs_params_files_as_they_were(capsys,
     for name in ("params.txt", "params_diff.txt"):
         assert (logdir / name).read_text() == f"# {name} of the run that trained\n"
     assert (logdir / "eval_dev.json").exists()
+
+
+def test_a_second_signal_inside_a_finalizer_interrupts_after_it_not_inside_it(capfd):
+    import signal
+    import time
+
+    from lingpipe.runners import train_loop
+
+    class Resource:
+        def __del__(self):  # as TensorFlow's EagerResourceDeleter, run by a deletion
+            signal.raise_signal(signal.SIGINT)
+
+    with train_loop.StopSignals() as signals:
+        signals.received = "SIGINT"  # the first one: the loop is stopping and saving
+        with pytest.raises(KeyboardInterrupt):
+            Resource()
+            for _ in range(500):
+                time.sleep(0.01)
+    assert "Exception ignored" not in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_sigterm_just_after_the_lock_is_taken_stops_cleanly_and_releases_it(tmp_path):
+    import signal
+    import time
+
+    from test_trainer import TIMEOUT_S, _Command
+
+    logdir = tmp_path / "run"
+    lock = logdir / "lingpipe.lock"
+    flags = ["--model=regression.Regression", f"--logdir={logdir}", "--max_steps=300"]
+    proc = subprocess.Popen(
+        _Command(*flags), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_Env()
+    )
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not lock.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("lingpipe.trainer: Stopped by SIGTERM "), last
+    assert last.endswith("rerun the same command to resume"), last
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr
+    assert not lock.exists()
