@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     address = cluster[task_type][index]
+    from lingpipe import tf_logs
+
+    tf_logs.ImportTensorFlow()  # no banner; C++ INFO lines (session options) off
     try:
         _, devices = StartServer(cluster, task_type, index, flags.logical_devices)
     except Exception as e:  # noqa: BLE001 - TensorFlow raises several kinds here

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import tensorflow as tf
@@ -166,6 +167,44 @@ def test_mirrored_batch_reduce_warning_is_dropped_and_others_kept():
     finally:
         logger.removeHandler(handler)
     assert seen == ["something else"]
+
+
+def test_stage_host_prints_its_devices_and_no_banner(tmp_path):
+    import json
+    import signal
+    import socket
+
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("localhost", 0))
+        b.bind(("localhost", 0))
+        chief, worker = (f"localhost:{s.getsockname()[1]}" for s in (a, b))
+    config = {
+        "cluster": {"chief": [chief], "worker": [worker]},
+        "task": {"type": "worker", "index": 0},
+    }
+    log = tmp_path / "worker.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lingpipe.worker", "--logical_devices=2"],
+            env=dict(USER_ENV, TF_CONFIG=json.dumps(config)),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            for _ in range(1200):  # until it says it is ready (at most 120 s)
+                if proc.poll() is not None or "ready" in log.read_text():
+                    break
+                time.sleep(0.1)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    assert log.read_text().splitlines() == [
+        f"lingpipe.worker: serving worker 0 at {worker} with 2 device(s):",
+        "  /job:worker/replica:0/task:0/device:CPU:0",
+        "  /job:worker/replica:0/task:0/device:CPU:1",
+        "lingpipe.worker: ready",
+        "lingpipe.worker: stopped by SIGTERM",
+    ]
 
 
 @pytest.mark.slow
