@@ -84,9 +84,9 @@ def ImportTensorFlow() -> None:
 
     Lists devices but does not initialize them: logical CPU devices can still be set.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if "tensorflow" in sys.modules:
-        return
+        return  # too late; and a process that imported it (a test) keeps its environment
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     with _FilteredStderr():
         import tensorflow as tf
 
