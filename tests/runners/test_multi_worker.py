@@ -40,7 +40,7 @@ def _FreePorts(n):
 
 
 @contextlib.contextmanager
-def Workers(logdir, *flags, num_workers=2, tag="run"):
+def Workers(logdir, *flags, num_workers=2, tag="run", model=MODEL):
     """Starts the workers; yields their Popen objects; kills whatever still runs at the end."""
     ports = _FreePorts(num_workers)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
@@ -55,7 +55,7 @@ def Workers(logdir, *flags, num_workers=2, tag="run"):
             procs.append(
                 subprocess.Popen(
                     _Command(
-                        MODEL,
+                        model,
                         f"--logdir={logdir}",
                         "--strategy=multi_worker",
                         "--logical_devices=2",
@@ -165,3 +165,18 @@ def test_a_killed_worker_fails_the_run_clearly_and_a_restart_resumes(tmp_path):
     for log in logs:
         assert f"Resumed from {latest} at step {resumed_at}" in log
     assert tf.train.latest_checkpoint(ckpt_dir).endswith(f"ckpt-{resumed_at + 3}")
+
+
+def test_readme_transformer_lm_tiny_trains_on_two_workers(tmp_path):
+    """README's multi_worker command: each replica's batch is unknown when the step is
+    traced (tf.distribute), so the pipeline splits it into micro-batches at run time."""
+    logdir = str(tmp_path)
+    flags = ["--max_steps=3", "--num_stages=2", "--collective_timeout_s=120"]
+    with Workers(logdir, *flags, model="--model=lm.TransformerLmTiny") as procs:
+        codes = _Wait(procs)
+    logs = [_Log(logdir, i) for i in range(2)]
+    assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    assert "Traceback" not in logs[0] + logs[1]
+    prints = [re.search(r"weights fingerprint (\w+)", log).group(1) for log in logs]
+    assert prints[0] == prints[1]
+    assert tf.train.latest_checkpoint(os.path.join(logdir, "checkpoints")).endswith("ckpt-3")
