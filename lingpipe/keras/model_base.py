@@ -302,12 +302,16 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
                 f"{type(self).__name__} {self.name!r}: it has no stages yet, so nothing to "
                 f"export; build it first (input_shape=..., or call it on a batch)"
             )
-        return [
-            keras.tree.map_structure(
-                lambda s: tf.TensorSpec((None, *s.shape[1:]), s.dtype or self.input_dtype),
-                self._input_spec,
-            )
-        ]
+
+        def Spec(path: tuple, spec: keras.InputSpec) -> tf.TensorSpec:
+            # Named after the input's key ('ids', 'mask'): a SavedModel signature's names.
+            key = "_".join(str(p) for p in path)
+            name = key if key.isidentifier() else "inputs" + (f"_{key}" if key else "")
+            shape = (None, *spec.shape[1:])
+            return tf.TensorSpec(shape, spec.dtype or self.input_dtype, name=name)
+
+        flat = keras.tree.flatten_with_path(self._input_spec)
+        return [keras.tree.pack_sequence_as(self._input_spec, [Spec(*item) for item in flat])]
 
     def export(
         self, filepath: Any, format: str = "tf_saved_model", verbose: Any = None, **kwargs: Any

@@ -277,3 +277,24 @@ def test_save_load_export_and_serve_in_fresh_processes(tmp_path):
     out = _RunScript(_LOAD, tmp_path)  # a fresh process makes the 2 devices it needs
     assert "DEVICES: ['/device:CPU:0', '/device:CPU:1']" in out, out
     np.testing.assert_allclose(np.load(tmp_path / "loaded.npy"), expected, atol=1e-6)
+
+
+def test_saved_model_signature_of_dict_inputs_is_named_after_their_keys(tmp_path):
+    ids = keras.Input((6,), dtype="int32", name="ids")
+    mask = keras.Input((6,), name="mask")
+    h = keras.layers.Embedding(20, 4)(ids) * mask[..., None]
+    h = keras.layers.GlobalAveragePooling1D()(keras.layers.Dense(4, activation="relu")(h))
+    base = keras.Model({"ids": ids, "mask": mask}, keras.layers.Dense(3)(h))
+    model = lpk.Pipeline(base, num_stages=2, num_micro_batches=2, devices=DEVICES)
+    rng = np.random.RandomState(0)
+    x = {"ids": rng.randint(0, 20, (5, 6)).astype(np.int32), "mask": np.ones((5, 6), np.float32)}
+    expected = model.predict(x, verbose=0)
+    tf.saved_model.save(model, str(tmp_path / "saved"))
+    serving = tf.saved_model.load(str(tmp_path / "saved")).signatures["serving_default"]
+    _, inputs = serving.structured_input_signature
+    assert {k: (s.dtype, tuple(s.shape)) for k, s in inputs.items()} == {
+        "ids": (tf.int32, (None, 6)),
+        "mask": (tf.float32, (None, 6)),
+    }
+    served = serving(**{k: tf.constant(v) for k, v in x.items()})
+    np.testing.assert_allclose(list(served.values())[0].numpy(), expected, atol=1e-6)
