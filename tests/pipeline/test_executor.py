@@ -23,7 +23,7 @@ from test_schedule import ALL
 
 from lingpipe import base_layer, seeds, test_utils
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import generators
+from lingpipe.pipeline import generators, schedule
 
 REMATS = ("always", "except_last", "never")
 FOUR = generators.SCHEDULES[:4]  # gpipe, 1f1b, interleaved_1f1b, zero_bubble
@@ -131,6 +131,17 @@ def test_mlp_grid_of_the_other_schedules_eagerly(name, k, m, v, remat):
     pipe = Pipeline([Mlp()] * 8, k, m, remat, schedule=name, num_virtual_stages=v)
     assert len(pipe.stage_cells) == pipe.Schedule(m).num_stages
     AssertSameAsReference(pipe, (tf.random.normal([8, DIMS]),), rtol=1e-5)
+
+
+def test_schedule_given_as_a_value_or_a_csv_file(tmp_path):
+    sched = generators.Make("zbv", 2, 4)
+    path = tmp_path / "zbv.csv"
+    path.write_text(schedule.ToCsv(sched))
+    for spec in (sched, str(path)):
+        pipe = Pipeline([Mlp()] * 4, 2, 4, "except_last", schedule=spec)
+        assert pipe.Schedule(4).stage_devices == (0, 1, 1, 0)
+        assert [pipe.StageDevice(s)[-5:] for s in range(4)] == ["CPU:0", "CPU:1", "CPU:1", "CPU:0"]
+        AssertSameAsReference(pipe, (tf.random.normal([8, DIMS]),), rtol=1e-5)
 
 
 @pytest.mark.parametrize("name,k,m,v,remat", TRACED)
