@@ -7,6 +7,7 @@ pipeline's clock is set by its slowest stage), and among those the most even.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 # Relative slack when comparing sums of float costs.
@@ -14,10 +15,7 @@ _EPS = 1e-9
 
 
 def _Prefix(costs: Sequence[float]) -> list[float]:
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + float(c))
-    return prefix
+    return list(itertools.accumulate(map(float, costs), initial=0.0))
 
 
 def MinMaxCost(costs: Sequence[float], num_stages: int) -> float:
@@ -26,10 +24,8 @@ def MinMaxCost(costs: Sequence[float], num_stages: int) -> float:
     _CheckArgs(costs, num_stages)
     prefix = _Prefix(costs)
     inf = float("inf")
-    # best[i]: min over cuts of cells[:i] into k stages of the max stage cost.
-    best = [inf] * (n + 1)
-    for i in range(1, n + 1):
-        best[i] = prefix[i]
+    # best[i]: min over cuts of cells[:i] into k stages of the max stage cost (k = 1 first).
+    best = [inf] + prefix[1:]
     for k in range(2, num_stages + 1):
         new = [inf] * (n + 1)
         for i in range(k, n + 1):
@@ -101,8 +97,5 @@ def CheckCounts(counts: Sequence[int], num_cells: int, num_stages: int) -> list[
 
 def Boundaries(counts: Sequence[int]) -> list[tuple[int, int]]:
     """[(first_cell, end_cell), ...] per stage from cell counts."""
-    out, start = [], 0
-    for c in counts:
-        out.append((start, start + c))
-        start += c
-    return out
+    ends = itertools.accumulate(counts)
+    return [(end - c, end) for c, end in zip(counts, ends)]
