@@ -43,19 +43,7 @@ def LogicalCores(
 
 def Annotate(device: str, values: Any) -> Any:
     """`values` (a structure) with each tensor annotated for `device`'s logical core, if any."""
-    active = getattr(_ACTIVE, "value", None)
-    if active is None:
-        return values
-    assign, devices = active
-    if device not in devices:
-        raise ValueError(
-            f"placement.Annotate: stage device {device!r} is not one of the logical cores' "
-            f"stage devices {devices}"
-        )
-    core = devices.index(device)
-    return tf.nest.map_structure(
-        lambda t: assign(t, core) if isinstance(t, tf.Tensor) else t, values
-    )
+    return StageAnnotator(device)(values)
 
 
 def StageAnnotator(device: str) -> Callable[[Any], Any]:
@@ -65,8 +53,12 @@ def StageAnnotator(device: str) -> Callable[[Any], Any]:
     active = getattr(_ACTIVE, "value", None)
     if active is None:
         return lambda values: values
-    Annotate(device, [])  # raises now if `device` is not one of the cores' devices
     assign, devices = active
+    if device not in devices:
+        raise ValueError(
+            f"placement.Annotate: stage device {device!r} is not one of the logical cores' "
+            f"stage devices {devices}"
+        )
     core = devices.index(device)
     return lambda values: tf.nest.map_structure(
         lambda t: assign(t, core) if isinstance(t, tf.Tensor) else t, values
