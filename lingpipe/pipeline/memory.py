@@ -8,12 +8,9 @@ Per stage, four terms:
 - optimizer slots: what the optimizer keeps per trainable weight (`SlotBytes`:
   Adam 2 copies, Momentum 1, SGD 0, Adafactor 1 copy plus row and column means).
 - activations: what the step keeps alive for the backward, under the schedule and
-  the remat policy. Per micro-batch a stage keeps its inputs (the boundary) while
-  the micro-batch is alive (from its forward to the end of its backward, W for
-  zero bubble); a micro-batch whose activations are kept (remat 'never', or the
-  one 'except_last' keeps) holds its full activations instead, and a backward that
-  replays the forward holds one micro-batch's full activations while it runs.
-  `ActivationEvents` and `PeakOf` sweep the schedule's simulated time for the largest sum.
+  the remat policy: the largest sum over the schedule's simulated time of what each
+  micro-batch holds (`ActivationEvents`: its inputs while alive, its full
+  activations when kept or while its backward replays the forward).
 
 A cell's full activations are measured, not guessed: `TraceCell` builds the cell
 in a throw-away graph (no memory is allocated, so a model too big for the machine
@@ -29,6 +26,7 @@ one cell's weight gradient (`Workspace`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,7 +42,6 @@ from lingpipe.pipeline.schedule import (
     Schedule,
 )
 
-MIB = 1024 * 1024
 # Ops whose output shares its input's buffer: a saved view costs what its source costs.
 _VIEW_OPS = frozenset({"Reshape", "Identity", "ExpandDims", "Squeeze", "StopGradient", "Snapshot"})
 # Saved tensors that are not activations: the weights, constants.
@@ -96,8 +93,9 @@ class StageMemory:
 
     @property
     def total(self) -> int:
-        parts = (self.weights, self.gradients, self.optimizer_slots, self.activations)
-        return sum(parts) + self.workspace
+        return (
+            self.weights + self.gradients + self.optimizer_slots + self.activations + self.workspace
+        )
 
 
 def _Bytes(t: Any) -> int:
@@ -139,7 +137,7 @@ def _TraceInGraph(parent_p: hyperparams.Params, cell_p: Any, in_specs: tuple) ->
         trainable = list(cell.trainable_variables)
         forward = set(graph.get_operations())
         first = len(graph.get_operations())
-        dys = [tf.compat.v1.placeholder(y.dtype, y.shape) for y in flat_out]
+        dys = [_Placeholder(y) for y in flat_out]
         if flat_out:
             tf.gradients(flat_out, flat_in + trainable, grad_ys=dys)
         saved = _SavedBy(graph, first, forward)
@@ -205,7 +203,7 @@ def SlotBytes(optimizer: Any, shapes: Sequence[Sequence[int]], dtype_size: int =
       shapes: the trainable weights' shapes.
       dtype_size: bytes per element of the weights (and their slots).
     """
-    sizes = [_Prod(s) for s in shapes]
+    sizes = [math.prod(s) for s in shapes]
     if optimizer is None:
         return 0
     if isinstance(optimizer, (int, float)) and not isinstance(optimizer, bool):
@@ -214,7 +212,7 @@ def SlotBytes(optimizer: Any, shapes: Sequence[Sequence[int]], dtype_size: int =
     names = [c.__name__ for c in getattr(cls, "__mro__", ())]
     if "Adafactor" in names:
         factored = sum(
-            _Prod(s[:-1]) + _Prod(s[:-2] + s[-1:]) for s in map(list, shapes) if len(s) >= 2
+            math.prod(s[:-1]) + math.prod(s[:-2] + s[-1:]) for s in map(list, shapes) if len(s) >= 2
         )
         return (sum(sizes) + factored) * dtype_size
     for name in names:
@@ -224,13 +222,6 @@ def SlotBytes(optimizer: Any, shapes: Sequence[Sequence[int]], dtype_size: int =
         f"memory estimate: expected optimizer to be None, a number of slots per weight, or "
         f"the params of SGD, Momentum, Adam or Adafactor; received {optimizer!r}"
     )
-
-
-def _Prod(dims: Sequence[int]) -> int:
-    n = 1
-    for d in dims:
-        n *= int(d)
-    return n
 
 
 def StageActivations(cells: Sequence[CellMemory]) -> tuple[int, int]:
@@ -249,7 +240,7 @@ def Workspace(cells: Sequence[CellMemory]) -> int:
     """Bytes a stage's backward holds besides the activations, for one micro-batch: the
     gradient of its outputs (received), of its inputs (sent on), and the largest
     cell's weight gradient before it joins the running sum."""
-    largest = max(sum(_Prod(s) for s in c.trainable_shapes) * c.dtype_size for c in cells)
+    largest = max(sum(map(math.prod, c.trainable_shapes)) * c.dtype_size for c in cells)
     return cells[-1].output_bytes + cells[0].input_bytes + largest
 
 
@@ -280,28 +271,19 @@ def ActivationEvents(
     return events
 
 
-def PeakOf(events: Sequence[tuple[float, int]]) -> int:
-    """The largest running sum of `events` ((time, delta); at a tie, frees first)."""
-    total = peak = 0
-    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
-        total += delta
-        peak = max(peak, total)
-    return peak
-
-
 def DeviceMemory(stages: Sequence[StageMemory]) -> StageMemory:
     """The memory of a device that runs `stages` (Estimate's entries for them): weights,
     gradients and slots add up; activations peak over the stages' events together; a
     device runs one backward at a time, so the largest workspace; peak_alive is the
     most (stage, micro-batch) pairs alive at once."""
-    acts = PeakOf([e for s in stages for e in s.events])
+    acts = simulate.PeakOf([e for s in stages for e in s.events])
     return StageMemory(
         weights=sum(s.weights for s in stages),
         gradients=sum(s.gradients for s in stages),
         optimizer_slots=sum(s.optimizer_slots for s in stages),
-        activations=acts + sum(s.activations - PeakOf(s.events) for s in stages),
+        activations=acts + sum(s.activations - simulate.PeakOf(s.events) for s in stages),
         workspace=max(s.workspace for s in stages),
-        peak_alive=PeakOf([e for s in stages for e in s.alive_events]),
+        peak_alive=simulate.PeakOf([e for s in stages for e in s.alive_events]),
     )
 
 
@@ -395,9 +377,9 @@ def Estimate(
         out.append(
             StageMemory(
                 weights=sum(c.weight_bytes for c in mine),
-                gradients=sum(_Prod(s) for s in shapes) * size,
+                gradients=sum(map(math.prod, shapes)) * size,
                 optimizer_slots=SlotBytes(optimizer, shapes, size),
-                activations=PeakOf(events) + (batch_bytes if k == 0 else 0),
+                activations=simulate.PeakOf(events) + (batch_bytes if k == 0 else 0),
                 workspace=Workspace(mine) if sched.has_backward else 0,
                 peak_alive=sim.peak_alive[k],
                 events=tuple(events),
@@ -412,7 +394,10 @@ def MeasuredPeaks(devices: Sequence[str]) -> dict[str, int]:
     {device: bytes} on accelerators; on CPU, where one allocator serves every logical
     device, one entry {'all CPU devices (one allocator)': bytes}. Reset with
     ResetPeaks(devices) before the step to measure."""
-    return {key: _Peak(allocator) for key, allocator in _Allocators(devices).items()}
+    return {
+        key: int(tf.config.experimental.get_memory_info(allocator)["peak"])
+        for key, allocator in _Allocators(devices).items()
+    }
 
 
 def ResetPeaks(devices: Sequence[str]) -> None:
@@ -429,10 +414,6 @@ def _Allocators(devices: Sequence[str]) -> dict[str, str]:
     if all((n.device_type or "CPU").upper() == "CPU" for n in names):
         return {"all CPU devices (one allocator)": "CPU:0"}
     return {d: f"{n.device_type}:{n.device_index or 0}" for d, n in zip(devices, names)}
-
-
-def _Peak(device: str) -> int:
-    return int(tf.config.experimental.get_memory_info(device)["peak"])
 
 
 def Note(sched: Schedule, remat: str, optimizer: Any) -> str:

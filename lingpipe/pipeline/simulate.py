@@ -185,11 +185,12 @@ def LastAction(stage: int, m: int, end: dict) -> Action:
     return Action(FORWARD, stage, m)
 
 
-def _Peak(events: list[tuple[float, int]]) -> int:
-    alive = peak = 0
-    for _, delta in sorted(events):  # at a tie, an end (-1) before a start
-        alive += delta
-        peak = max(peak, alive)
+def PeakOf(events: list[tuple[float, int]]) -> int:
+    """The largest running sum of `events` ((time, delta); at a tie, frees first)."""
+    total = peak = 0
+    for _, delta in sorted(events):  # a tie sorts the negative delta first
+        total += delta
+        peak = max(peak, total)
     return peak
 
 
@@ -204,7 +205,7 @@ def _PeakAlive(s: Schedule, start: dict, end: dict) -> tuple[list[int], list[int
         for stage in range(s.num_stages)
     ]
     device = [sum((events[st] for st in s.StagesOf(d)), []) for d in range(s.num_devices)]
-    return [_Peak(e) for e in events], [_Peak(e) for e in device]
+    return [PeakOf(e) for e in events], [PeakOf(e) for e in device]
 
 
 def _Label(s: Schedule, a: Action) -> str:
@@ -220,7 +221,7 @@ def Grid(s: Schedule, sim: Simulation) -> str:
     slots = int(round(sim.makespan))
     lines = ["      " + " ".join(f"{t:>{width}}" for t in range(slots))]
     for d, acts in enumerate(s.device_actions):
-        row = ["." * 1] * slots
+        row = ["."] * slots
         for a in acts:
             if a not in sim.start:
                 continue
