@@ -158,12 +158,15 @@ class TwoHeads(keras.layers.Layer):
         return {"a": (*input_shape[:-1], 3), "b": (*input_shape[:-1], 2)}
 
 
-def test_two_outputs_with_their_losses_weights_metrics_and_sample_weights():
+@pytest.mark.parametrize("remat", ["always", "except_last"])
+def test_two_outputs_with_their_losses_weights_metrics_and_sample_weights(remat):
+    """Per-output loss metrics count each micro-batch once, whichever were recomputed."""
+
     def Layers():
         return [keras.layers.Dense(6, activation="tanh"), TwoHeads()]
 
     model = lpk.PipelinedSequential(
-        Layers(), num_stages=2, num_micro_batches=3, input_shape=(5,), devices=DEVICES
+        Layers(), num_stages=2, num_micro_batches=3, input_shape=(5,), devices=DEVICES, remat=remat
     )
     inputs = keras.Input((5,))
     outputs = inputs
