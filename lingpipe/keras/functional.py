@@ -20,23 +20,28 @@ model's. Note that the model given is the one trained: build a copy first
 (`keras.models.clone_model` + `set_weights`) to keep a plain one.
 
 Supported:
-  - several inputs and outputs (lists or dicts), compiled losses, loss weights and
-    metrics per output;
-  - nested Functional / Sequential models used as layers; a layer called at
-    several places, also on two stages (a tied embedding at the input and the
-    output projection): its weight lives on its first stage's device and gets the
-    sum of both stages' gradients;
-  - layers with state: BatchNormalization normalizes each micro-batch with its own
-    moments (GPipe's rule), and its moving statistics end as the plain model's run
-    on the same micro-batches one after another (assigned once per step);
-  - Keras dropout and other random layers (SeedGenerator): stateless seeds per step,
-    micro-batch and layer, so recomputation reproduces the masks;
-  - schedules 'gpipe', '1f1b', 'zero_bubble' ... (one stage per device), remat.
+  - Functional models and keras.Sequential (with or without keras.Input, built);
+    several inputs and outputs (lists or dicts), the compiled losses, loss weights
+    and metrics per output; keras.ops calls in the graph (`x * mask[..., None]`);
+  - nested Functional / Sequential models used as layers (also called twice); a
+    layer called at several places, also on two stages (a tied embedding at the
+    input and as the output projection): its weight lives on its first stage's
+    device and gets the sum of both stages' gradients;
+  - BatchNormalization: in training each micro-batch is normalized with its own
+    moments (GPipe's rule, not the whole batch's), and the moving statistics end as
+    the plain model's run on the same micro-batches one after another (threaded
+    through each stage's forwards in micro-batch order, assigned once per step);
+  - Keras dropout and other SeedGenerator layers: stateless seeds per step,
+    micro-batch and layer name, so recomputation (remat) reproduces the masks;
+  - Keras masks (Embedding(mask_zero=True)) crossing a cut;
+  - schedules of one stage per device ('gpipe', '1f1b', 'zero_bubble', ...), remat.
 
-Not supported: subclassed keras.Model (no graph to cut), interleaved (virtual)
-stages, a layer's non-trainable state shared by two stages (threaded in program
-order), Keras' implicit masks (mask_zero) crossing a cut (untested), losses added
-with add_loss inside layers, partition='profile'.
+Not supported: subclassed keras.Model (no graph to cut); schedules with several
+stages per device (interleaved_1f1b, zbv, dualpipev); partition='profile'; a
+non-trainable state shared by layers on two stages (threaded in program order);
+losses added with add_loss inside layers; training under a caller's own
+tf.GradientTape recomputes nothing (call the model with training=True: fill-drain,
+no remat; fit uses the schedule and remat).
 """
 
 from __future__ import annotations

@@ -11,12 +11,12 @@ of b_m rows (sizes as the pipeline's: the first B % M one row more):
     loss that the pipeline takes (each micro-batch's mean loss weighted by its size);
   - the same SGD (momentum 0.9) applies it once per batch.
 
-These models at 32x32 end in 1x1 feature maps normalized over micro-batches of 4:
-their gradients are ill-conditioned (hundreds, and the plain model's own eager and
-tf.function gradients differ by about 1%), so the pipelined fit runs eagerly here
-(run_eagerly=True: the same ops in the same order as the eager reference, differences
-0 to rounding) and the traced fit is checked on a small conv + batch norm model, where
-both agree to 1e-6.
+Each micro-batch's gradient is taken in a tf.function, as fit traces its step: these
+models at 32x32 end in 1x1 feature maps normalized over micro-batches of 4, and their
+gradients are so ill-conditioned that the plain model's own eager and traced gradients
+differ (relative norm up to 1.6 on MobileNetV2), while the pipeline's traced gradients
+equal the plain model's traced ones exactly (measured: relative difference 0.0 on every
+weight, MobileNetV2 over 4 stages).
 """
 
 import keras
@@ -48,13 +48,18 @@ def _ReferenceEpoch(model, x, y):
     """One epoch as the module docstring says (batches in order, no shuffling)."""
     opt = keras.optimizers.SGD(LR, momentum=0.9)
     loss_fn, variables = _Loss(), model.trainable_variables
+
+    @tf.function
+    def Gradients(xm, ym):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(ym, model(xm, training=True)) * tf.cast(tf.shape(xm)[0], tf.float32)
+        return tape.gradient(loss, variables)
+
     for start in range(0, len(x), BATCH):
         xb, yb = x[start : start + BATCH], y[start : start + BATCH]
         sums = [tf.zeros_like(v) for v in variables]
         for xm, ym in zip(np.array_split(xb, MICRO), np.array_split(yb, MICRO)):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(ym, model(xm, training=True)) * len(xm)
-            sums = [s + g for s, g in zip(sums, tape.gradient(loss, variables))]
+            sums = [s + g for s, g in zip(sums, Gradients(tf.constant(xm), tf.constant(ym)))]
         opt.apply([s / len(xb) for s in sums], variables)
 
 
@@ -90,9 +95,9 @@ def test_application_predict_and_fit_equal_plain_micro_batches(name, num_stages)
         devices=[f"/device:CPU:{i}" for i in range(num_stages)],
     )
     np.testing.assert_allclose(
-        pipe.predict(x, batch_size=BATCH, verbose=0), plain.predict(x, verbose=0), atol=1e-5
+        pipe(x[:BATCH], training=False), plain(x[:BATCH], training=False), atol=1e-5
     )
-    pipe.compile(optimizer=keras.optimizers.SGD(LR, momentum=0.9), loss=_Loss(), run_eagerly=True)
+    pipe.compile(optimizer=keras.optimizers.SGD(LR, momentum=0.9), loss=_Loss())
     pipe.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     _ReferenceEpoch(plain, x, y)
     moving = 0

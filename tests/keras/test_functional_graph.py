@@ -144,3 +144,32 @@ def test_unbuilt_sequential_and_subclassed_model_are_refused():
         TypeError, match=r"expected a built Keras 3 Functional model .* received Sub"
     ):
         lpk.Pipeline(Sub(), num_stages=1)
+
+
+def test_shared_nested_model_and_shared_layer_called_twice():
+    """A siamese net: one backbone called on two inputs, one Dense applied to both halves."""
+    keras.utils.set_random_seed(6)
+    feat = keras.Input((8,))
+    backbone = keras.Model(feat, keras.layers.Dense(6, activation="tanh", name="enc")(feat))
+    a, b = keras.Input((8,), name="a"), keras.Input((8,), name="b")
+    shared = keras.layers.Dense(4, name="shared")
+    ha, hb = shared(backbone(a)), shared(backbone(b))
+    out = keras.layers.Dense(1, name="out")(keras.layers.Concatenate(name="cat")([ha, hb]))
+    model = keras.Model([a, b], out)
+    plain = _PlainCopy(model)
+    pipe = lpk.Pipeline(model, num_stages=3, num_micro_batches=2, devices=DEVICES)
+    names = pipe.pipeline.cut.graph.LayerNames()
+    assert sorted(names) == sorted(
+        [f"{backbone.name}/enc", f"{backbone.name}@1/enc", "shared", "shared", "cat", "out"]
+    )
+    rng = np.random.RandomState(1)
+    xa, xb = rng.randn(8, 8).astype(np.float32), rng.randn(8, 8).astype(np.float32)
+    y = rng.randn(8, 1).astype(np.float32)
+    np.testing.assert_allclose(
+        pipe.predict([xa, xb], verbose=0), plain.predict([xa, xb], verbose=0), atol=1e-6
+    )
+    for m in (pipe, plain):
+        m.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        m.fit([xa, xb], y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    for w, v in zip(model.weights, plain.weights):
+        np.testing.assert_allclose(w.numpy(), v.numpy(), atol=1e-5, err_msg=w.path)
