@@ -42,6 +42,8 @@ NAMES = {
 
 # A bar: (device, start, end, action), times in the chart's unit.
 Bar = tuple[int, float, float, Action]
+_BAR_STYLE = {"height": 0.8, "edgecolor": "white", "linewidth": 0.5}
+_TEXT_STYLE = {"ha": "center", "va": "center", "fontsize": 7, "color": "white"}
 
 
 def _Label(sched: Schedule, a: Action) -> str:
@@ -59,27 +61,13 @@ def _Figure(sched: Schedule, bars: Sequence[Bar], unit: str, title: str) -> Any:
     from matplotlib.patches import Patch
 
     span = max((end for _, _, end, _ in bars), default=1.0) or 1.0
-    fig = Figure(
-        figsize=(
-            max(6.0, min(24.0, 0.45 * len(bars) / sched.num_devices + 3)),
-            1 + 0.6 * sched.num_devices,
-        )
-    )
+    width = max(6.0, min(24.0, 0.45 * len(bars) / sched.num_devices + 3))
+    fig = Figure(figsize=(width, 1 + 0.6 * sched.num_devices))
     ax = fig.add_subplot(1, 1, 1)
     labels = []  # (text, device, start, end): kept below only where the text fits its bar
     for device, start, end, a in bars:
-        ax.barh(
-            device,
-            end - start,
-            left=start,
-            height=0.8,
-            color=COLOURS[a.kind],
-            edgecolor="white",
-            linewidth=0.5,
-        )
-        label = _Label(sched, a)
-        x = (start + end) / 2
-        text = ax.text(x, device, label, ha="center", va="center", fontsize=7, color="white")
+        ax.barh(device, end - start, left=start, color=COLOURS[a.kind], **_BAR_STYLE)
+        text = ax.text((start + end) / 2, device, _Label(sched, a), **_TEXT_STYLE)
         labels.append((text, device, start, end))
     ax.set_yticks(range(sched.num_devices))
     ax.set_yticklabels([f"device {d}" for d in range(sched.num_devices)])
@@ -88,13 +76,8 @@ def _Figure(sched: Schedule, bars: Sequence[Bar], unit: str, title: str) -> Any:
     ax.set_xlabel(unit)
     ax.set_title(title, fontsize=9)
     kinds = [k for k in COLOURS if any(a.kind == k for *_, a in bars)]
-    ax.legend(
-        handles=[Patch(color=COLOURS[k], label=NAMES[k]) for k in kinds],
-        loc="upper left",
-        bbox_to_anchor=(1.0, 1.0),
-        fontsize=7,
-        frameon=False,
-    )
+    handles = [Patch(color=COLOURS[k], label=NAMES[k]) for k in kinds]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1, 1), fontsize=7, frameon=False)
     fig.tight_layout()
     _DropLabelsThatDoNotFit(fig, ax, labels)
     return fig
@@ -107,20 +90,14 @@ def _DropLabelsThatDoNotFit(fig: Any, ax: Any, labels: list) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     renderer = FigureCanvasAgg(fig).get_renderer()
-    for i, (text, device, start, end) in enumerate(labels):
-        left, right = ax.transData.transform([(start, 0), (end, 0)])[:, 0]
+    # Each bar's (device, left pixel, right pixel).
+    pixels = [(d, *ax.transData.transform([(s, 0), (e, 0)])[:, 0]) for _, d, s, e in labels]
+    for i, (text, *_) in enumerate(labels):
+        device, left, right = pixels[i]
         box = text.get_window_extent(renderer)
-        covered = any(
-            d == device and _Overlaps(ax, s, e, box.x0, box.x1) for _, d, s, e in labels[i + 1 :]
-        )
+        covered = any(d == device and x0 < box.x1 and box.x0 < x1 for d, x0, x1 in pixels[i + 1 :])
         if box.width + 2 > right - left or covered:
             text.remove()
-
-
-def _Overlaps(ax: Any, start: float, end: float, x0: float, x1: float) -> bool:
-    """Whether the bar start..end (data) overlaps the pixels x0..x1."""
-    left, right = ax.transData.transform([(start, 0), (end, 0)])[:, 0]
-    return left < x1 and x0 < right
 
 
 def _Save(fig: Any, path: str) -> str:
