@@ -432,6 +432,10 @@ def _BuildTasks(resolved: startup.ResolvedParams):
         except ValueError as e:
             raise startup.UsageError(f"cannot build the model {FLAGS.model}: {e}") from None
 
+    if FLAGS.strategy in ("default", "mirrored"):  # the stages are on this machine
+        from lingpipe.runners import preflight
+
+        preflight.CheckFits(FLAGS.model, resolved.task)
     return layout, layout.BuildTasks(Build)
 
 

@@ -25,6 +25,8 @@ status 2), raised before the first byte reaches the logdir.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import re
 from typing import Any
 
@@ -286,4 +288,74 @@ def CheckExportDir(directory: str, what: str) -> None:
         shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         raise startup.UsageError(
             f"{what}: it holds {shown}, which an export would sit beside; {expected}"
+        )
+
+
+def _MachineMemory() -> int:
+    """Bytes of this machine's physical memory (0 if unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _GiB(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n < 2**40 else f"{n / 2**30:,.0f} GiB"
+
+
+def CheckFits(model: str, task_params: hyperparams.InstantiableParams) -> None:
+    """Refuses a model whose pipeline stage cannot fit in memory, before it is built.
+
+    The task is built in a throw-away graph (its variables get shapes, not memory),
+    and each stage's weights, their gradients and the optimizer's slots (the terms
+    of `lingpipe.pipeline.memory`'s estimate that need no input shapes: a lower
+    bound of the stage's memory in a step) are compared with the machine's memory,
+    as each stage alone and all together. Only when the stages are on this
+    machine's CPU (no GPU or TPU): an accelerator's memory is not known before TF
+    starts. A task that cannot be built here is left for the real build to report.
+
+    Raises:
+      startup.UsageError: naming the stage, its estimate and the limit.
+    """
+    from lingpipe.layers import gpipe
+    from lingpipe.pipeline import memory
+    from lingpipe.runners import inspect_model
+
+    limit = _MachineMemory()
+    accelerators = tf.config.list_physical_devices("GPU") or tf.config.list_physical_devices("TPU")
+    if not limit or accelerators:
+        return
+    with tf.Graph().as_default():
+        try:
+            task = task_params.Instantiate()
+        except Exception:  # noqa: BLE001 (the real build says what is wrong)
+            return
+        optimizer = inspect_model.TaskOptimizer(task)
+        stages = []
+        for node in inspect_model._Walk(task):
+            if not isinstance(node, gpipe.PipeliningLayer):
+                continue
+            for k, idx in enumerate(node.stage_cells):
+                weights = [v for i in idx for v in getattr(node, f"cell_{i}").variables]
+                trainable = [v.shape.as_list() for v in weights if v.trainable]
+                size = weights[0].dtype.size if weights else 4
+                need = sum(int(v.shape.num_elements()) * v.dtype.size for v in weights)
+                need += sum(math.prod(s) for s in trainable) * size
+                need += memory.SlotBytes(optimizer, trainable, size)
+                stages.append((f"stage {k} of {node.path} (on {node.StageDevice(k)})", need))
+    slots = f" ({optimizer.cls.__name__})" if optimizer is not None else ""
+    where = f"beyond the {_GiB(limit)} of this machine's memory (the stages are on its CPU)"
+    advice = "expected a smaller model, more stages, or a machine with more memory"
+    for name, need in stages:
+        if need > limit:
+            raise startup.UsageError(
+                f"--model={model} does not fit: {name} needs at least {_GiB(need)} for its "
+                f"weights, gradients and optimizer slots{slots}, {where}; {advice}"
+            )
+    total = sum(need for _, need in stages)
+    if total > limit:
+        raise startup.UsageError(
+            f"--model={model} does not fit: its {len(stages)} stages need at least "
+            f"{_GiB(total)} together for their weights, gradients and optimizer slots"
+            f"{slots}, {where}; {advice}"
         )

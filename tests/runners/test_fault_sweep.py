@@ -6,6 +6,7 @@ when things go wrong")."""
 import json
 import multiprocessing
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -401,3 +402,29 @@ def test_sigterm_just_after_the_lock_is_taken_stops_cleanly_and_releases_it(tmp_
     assert last.endswith("rerun the same command to resume"), last
     assert "Traceback" not in stderr and "Exception ignored" not in stderr
     assert not lock.exists()
+
+
+def test_a_model_too_big_for_the_machine_is_refused_before_it_is_built(capsys, tmp_path):
+    from test_trainer_main import _AssertRefused
+
+    logdir = tmp_path / "run"
+    status, lines = _Main(capsys, f"--logdir={logdir}", "--params_override=model_dims : 1000000000")
+    _AssertRefused(
+        status,
+        lines,
+        "--model=lm.TransformerLmTiny does not fit: stage 0 of lm/pipeline (on /device:CPU:0) "
+        "needs at least ",
+    )
+    match = re.search(
+        r"needs at least ([\d,]+) GiB for its weights, gradients and optimizer slots \(Adam\), "
+        r"beyond the ([\d.,]+) GiB of this machine's memory \(the stages are on its CPU\); "
+        r"expected a smaller model, more stages, or a machine with more memory$",
+        lines[-1],
+    )
+    assert match, lines[-1]
+    # Stage 0 holds at least the embedding, [259, 1e9] floats: 4 bytes each for the
+    # weight, its gradient and Adam's two slots.
+    assert float(match.group(1).replace(",", "")) >= 259e9 * 16 / 2**30
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert match.group(2) == f"{ram / 2**30:,.1f}"
+    assert not logdir.exists()
