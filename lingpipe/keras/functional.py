@@ -10,14 +10,15 @@
 
 The model's graph is traced into its layer calls in a topological order (nested
 Functional models inlined, so a cut can fall inside a backbone) and cut into
-stages by cost (`partition='flops'`, `'params'`, `'uniform'`, or node counts per
-stage) or at layer names (`split_points=['conv4_block1_1_conv', ...]`, where
-stages 1.. begin). Every tensor alive across a cut (a skip connection, a mask, a
-second input, an output needed at the end) travels to the next stage with the
-activations. The model's own weights (pretrained or fresh) move to their stages'
-devices and are the pipeline's weights: before training, `predict` equals the
-model's. Note that the model given is the one trained: build a copy first
-(`keras.models.clone_model` + `set_weights`) to keep a plain one.
+stages by cost (`partition='flops'`, `'params'`, `'uniform'`, `'profile'`: each
+layer call's forward timed on one example, or node counts per stage) or at layer
+names (`split_points=['conv4_block1_1_conv', ...]`, where stages 1.. begin).
+Every tensor alive across a cut (a skip connection, a mask, a second input, an
+output needed at the end) travels to the next stage with the activations. The
+model's own weights (pretrained or fresh) move to their stages' devices and are
+the pipeline's weights: before training, `predict` equals the model's. The model
+given is the one trained: build a copy first (`keras.models.clone_model` +
+`set_weights`) to keep a plain one.
 
 Supported:
   - Functional models and keras.Sequential (with or without keras.Input, built);
@@ -37,9 +38,9 @@ Supported:
   - schedules of one stage per device ('gpipe', '1f1b', 'zero_bubble', ...), remat.
 
 Not supported: subclassed keras.Model (no graph to cut); schedules with several
-stages per device (interleaved_1f1b, zbv, dualpipev); partition='profile'; a
-non-trainable state shared by layers on two stages (threaded in program order);
-losses added with add_loss inside layers; training under a caller's own
+stages per device (interleaved_1f1b, zbv, dualpipev); a non-trainable state shared
+by layers on two stages (threaded in program order); losses added with add_loss
+inside layers; training under a caller's own
 tf.GradientTape recomputes nothing (call the model with training=True: fill-drain,
 no remat; fit uses the schedule and remat).
 """
@@ -74,7 +75,8 @@ class Pipeline(model_base.PipelineModel):
       num_micro_batches: micro-batches each batch is split into.
       split_points: names of the layers where stages 1..K-1 begin ('outer/inner' for a
         nested model's layer); None cuts by `partition`.
-      partition: 'flops', 'params', 'uniform', or a list of layer calls per stage.
+      partition: 'flops', 'params', 'uniform', 'profile' (measured forward time per layer
+        call, one example), or a list of layer calls per stage.
       schedule: fit's order of work ('gpipe', '1f1b', 'zero_bubble', ...).
       remat: 'always', 'except_last' or 'never'.
       devices: one device name per stage; None takes the cluster's first num_stages.

@@ -20,15 +20,18 @@ tensors alive across it: produced before it (or a model input) and used after it
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import keras
 import numpy as np
+import tensorflow as tf
+from keras.src.models import functional as keras_functional
 
 from lingpipe.pipeline import partition as partition_lib
 
-POLICIES = ("flops", "params", "uniform")
+POLICIES = ("flops", "params", "uniform", "profile")
 
 
 @dataclasses.dataclass
@@ -201,7 +204,43 @@ def NodeFlops(node: GraphNode) -> int:
     return flops
 
 
+def CallNode(node: GraphNode, values: dict, training: bool) -> None:
+    """Calls the node's operation on `values` (key -> tensor) of its arguments, as Keras'
+    Functional does; records its outputs in `values`."""
+    tensors = {id(kt): values[k] for kt, k in zip(node.node.arguments.keras_tensors, node.arg_keys)}
+    args, kwargs = node.node.arguments.fill_in(tensors)
+    outputs = keras_functional.operation_fn(node.operation, training=training)(*args, **kwargs)
+    for key, y in zip(node.out_keys, keras.tree.flatten(outputs)):
+        values[key] = y
+
+
+def _SampleInput(shape: tuple, dtype: str) -> tf.Tensor:
+    dims = [1 if d is None else int(d) for d in shape]
+    if tf.as_dtype(dtype).is_floating:
+        return tf.random.stateless_normal(dims, [0, 1], dtype=dtype)
+    return tf.zeros(dims, dtype)
+
+
+def ProfileCosts(graph: Graph, repeats: int = 3) -> list[float]:
+    """Seconds of each node's forward (inference mode, so no state changes) on one
+    example, run eagerly where the model's weights are now; the best of `repeats`."""
+    values = {k: _SampleInput(graph.shapes[k], graph.dtypes[k]) for k in graph.input_keys}
+    seconds = []
+    for node in graph.nodes:
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            CallNode(node, values, training=False)
+            for k in node.out_keys:  # wait for the results (asynchronous on accelerators)
+                np.asarray(values[k])
+            best = min(best, time.perf_counter() - start)
+        seconds.append(best)
+    return seconds
+
+
 def NodeCosts(graph: Graph, policy: str) -> list[float]:
+    if policy == "profile":
+        return ProfileCosts(graph)
     if policy == "flops":
         return [float(NodeFlops(n)) for n in graph.nodes]
     if policy == "params":

@@ -202,7 +202,7 @@ class GraphPipeline:
                 mapping += [(v, states[id(v)]) for v in state_vars if id(v) in states]
             with keras.StatelessScope(mapping, initialize_variables=False) as scope:
                 for i in cut.stages[s]:
-                    _CallNode(graph.nodes[i], values, training)
+                    graph_lib.CallNode(graph.nodes[i], values, training)
             if record:
                 for v in state_vars:
                     new = scope.get_current_value(v)
@@ -325,18 +325,12 @@ class GraphPipeline:
             for w, g in zip(ws, grads):
                 if g is not None:
                     ref = w.value.ref()
-                    sums[ref] = g if ref not in sums else sums[ref] + g
+                    if ref in sums:  # a tied weight: summed where it lives
+                        with tf.device(w.value.device):
+                            g = sums[ref] + g
+                    sums[ref] = g
         return NestedMap(
             metrics=result.metrics,
             theta_grads=[sums.get(v.ref()) for v in self._theta],
             variable_grads=result.extra_grads,
         )
-
-
-def _CallNode(node: graph_lib.GraphNode, values: dict, training: bool) -> None:
-    """Calls the node's operation on the values of its arguments; records its outputs."""
-    tensors = {id(kt): values[k] for kt, k in zip(node.node.arguments.keras_tensors, node.arg_keys)}
-    args, kwargs = node.node.arguments.fill_in(tensors)
-    outputs = keras_functional.operation_fn(node.operation, training=training)(*args, **kwargs)
-    for key, y in zip(node.out_keys, keras.tree.flatten(outputs)):
-        values[key] = y

@@ -173,3 +173,21 @@ def test_shared_nested_model_and_shared_layer_called_twice():
         m.fit([xa, xb], y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     for w, v in zip(model.weights, plain.weights):
         np.testing.assert_allclose(w.numpy(), v.numpy(), atol=1e-5, err_msg=w.path)
+
+
+def test_profile_and_explicit_partitions():
+    """'profile' times each layer call (one example, forward): a cut of 2 non-empty stages."""
+    model = _Classifier()
+    plain = _PlainCopy(model)
+    pipe = lpk.Pipeline(
+        model, num_stages=2, num_micro_batches=2, partition="profile", devices=DEVICES[:2]
+    )
+    cut = pipe.pipeline.cut
+    assert cut.policy == "profile" and len(cut.costs) == 5 and min(cut.costs) > 0
+    assert [len(s) for s in cut.stages] in ([1, 4], [2, 3], [3, 2], [4, 1])
+    x, _ = _Data()
+    np.testing.assert_allclose(pipe.predict(x, verbose=0), plain.predict(x, verbose=0), atol=1e-6)
+    explicit = lpk.Pipeline(_Classifier(), num_stages=2, partition=[2, 3], devices=DEVICES[:2])
+    assert [len(s) for s in explicit.pipeline.cut.stages] == [2, 3]
+    with pytest.raises(ValueError, match=r"unknown partition='fast'; expected one of"):
+        lpk.Pipeline(_Classifier(), num_stages=2, partition="fast", devices=DEVICES[:2])
