@@ -117,21 +117,14 @@ class PartitionReport:
         crossing = self.CrossHostBytes()
         for s, cross in zip(self.stages, crossing):
             span = s.cells[0] if len(s.cells) == 1 else f"{s.cells[0]}..{s.cells[-1]}"
-            rows.append(
-                (
-                    str(s.stage),
-                    s.device,
-                    f"{span} ({len(s.cells)})",
-                    f"{s.num_params:,}",
-                    "?" if s.flops is None else f"{s.flops / 1e9:.4f}",
-                    "?" if s.boundary_bytes is None else f"{s.boundary_bytes / 1024:.1f}",
-                    f"{s.cost:.4g}",
-                )
-            )
+            cells = f"{span} ({len(s.cells)})"
+            flops = "?" if s.flops is None else f"{s.flops / 1e9:.4f}"
+            kib = "?" if s.boundary_bytes is None else f"{s.boundary_bytes / 1024:.1f}"
+            row = (str(s.stage), s.device, cells, f"{s.num_params:,}", flops, kib, f"{s.cost:.4g}")
             if hosts:
-                rows[-1] += ("?" if cross is None else "" if not cross else f"{cross / 1024:.1f}",)
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+                row += ("?" if cross is None else "" if not cross else f"{cross / 1024:.1f}",)
+            rows.append(row)
+        lines = _Table(rows)
         lines.append(
             f"partition={self.policy} micro_batches={self.num_micro_batches} "
             f"imbalance={self.imbalance:.3f} (max stage cost / mean)"
@@ -162,9 +155,8 @@ class PartitionReport:
             if per_device:
                 row.append(_Mib(self.measured[s.device]) if s.device in self.measured else "?")
             rows.append(row)
-        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
         lines = [f"memory per stage in a training step, MiB ({self.memory_note}):"]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines += _Table(rows)
         devices = self.DeviceMemory()
         if len(devices) < len(self.stages):  # a device runs several stages
             lines.append("per device (all its stages; activations at their joint peak):")
@@ -177,6 +169,12 @@ class PartitionReport:
             total += f"; measured peak {_Mib(peak)} MiB ({where}), estimate / measured "
             total += f"{self.memory_total / peak:.2f}"
         return lines + [total]
+
+
+def _Table(rows: list) -> list[str]:
+    """`rows` (lists of strings, the header first) as lines of left-aligned columns."""
+    widths = [max(map(len, column)) for column in zip(*rows)]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
 def _Mib(num_bytes: int) -> str:
