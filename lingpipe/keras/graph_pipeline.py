@@ -164,11 +164,11 @@ class GraphPipeline:
         to the next stage, per example or for `batch_size`."""
         return self._cut.Report(self._devices, batch_size)
 
-    def Schedule(self, num_micro_batches: int) -> schedule.Schedule:
-        """The schedule ForwardBackward follows; one stage per device only."""
+    def Schedule(self, num_micro_batches: int, name: str | None = None) -> schedule.Schedule:
+        """The schedule ForwardBackward follows (or `name`); one stage per device only."""
         num_devices = len(self._devices)
         try:
-            sched = generators.Make(self._schedule_name, num_devices, num_micro_batches)
+            sched = generators.Make(name or self._schedule_name, num_devices, num_micro_batches)
         except schedule.ScheduleError as e:
             raise ValueError(f"{self._where}: {e}") from None
         if sched.num_stages != num_devices:
@@ -239,29 +239,94 @@ class GraphPipeline:
     # ---- The two ways to run ----------------------------------------------------
 
     def FProp(self, theta: list, inputs: Any) -> Any:
-        """The pipelined forward, fill-drain (training unless in base_layer.EvalMode).
+        """The pipelined forward (training unless in base_layer.EvalMode).
 
         inputs: nested as the model's inputs, each [batch, ...] -> the model's outputs.
+        In training the forwards run fill-drain as one custom gradient whose gradient
+        runs the executor's backwards (each on its stage's device, replaying forwards
+        as `remat` says), so a caller's own tf.GradientTape trains the pipeline.
         """
-        training = not base_layer.DoEval()
         flat = self._FlatInputs(inputs)
         sizes = self._Sizes(flat)
-        num_micro, num_stages = len(sizes), len(self._devices)
-        states = {} if training else None
-        runs = [self._StageRun(s, training, states) for s in range(num_stages)]
-        weights = self._StageWeights(theta)
-        context = self._Contexts()
+        if not base_layer.DoEval():
+            states: dict = {}
+            merged = self._Differentiable(list(tf.nest.flatten(theta)), flat, sizes, states)
+            self._ApplyStates(states)
+            return self._PackOutputs(merged)
+        runs = [self._StageRun(s, False, None) for s in range(len(self._devices))]
+        weights, context = self._StageWeights(theta), self._Contexts()
         with tf.device(self._devices[0]):
             state = micro_batch.Split(flat, sizes, 0)
-        for tick in generators.ForwardTicks(num_stages, num_micro):
+        for tick in generators.ForwardTicks(len(self._devices), len(sizes)):
             for s, m in tick:
                 with Entered(context(s, m)), tf.name_scope(f"F_s{s}_mb{m}"):
                     state[m] = runs[s](weights[s], state[m])
         with tf.device(self._devices[-1]):
-            merged = micro_batch.Merge(list(state), sizes, 0) if num_micro > 1 else state[0]
-        if states:
-            self._ApplyStates(states)
+            merged = micro_batch.Merge(list(state), sizes, 0) if len(sizes) > 1 else state[0]
         return self._PackOutputs(merged)
+
+    def _Differentiable(self, theta: list, flat: tuple, sizes: list, states: dict) -> tuple:
+        """Fill-drain forwards as one tf.custom_gradient over (theta, inputs) -> the last
+        stage's outputs merged; its gradient is the executor's backwards."""
+        sched = self.Schedule(len(sizes), "gpipe")
+        kept = self.KeptActivations(sched)
+        n = len(theta)
+        structure = []
+
+        @tf.custom_gradient
+        def Pipelined(*tensors):
+            th, args = list(tensors[:n]), tuple(tensors[n:])
+            stages = [
+                executor.Stage(w, self._StageRun(s, True, states))
+                for s, w in enumerate(self._StageWeights(th))
+            ]
+            with tf.device(self._devices[0]), tf.name_scope("split"):
+                micro = micro_batch.Split(args, sizes, 0)
+            step = executor.Forward(
+                sched, stages, micro, lambda s, m: (s, m) in kept, self._Contexts()
+            )
+            with tf.device(self._devices[-1]):
+                merged = micro_batch.Merge(step.Outputs(), sizes, 0)
+            structure[:] = [merged]
+
+            def Grad(*dys, variables=None):
+                # tf.gradients colocates a gradient with its op: each action enters its own.
+                with tf.compat.v1.get_default_graph().colocate_with(None, ignore_existing=True):
+                    return self._Backward(step, args, sizes, merged, dys, variables or [])
+
+            return tf.nest.flatten(merged), Grad
+
+        read = []
+        for t in list(theta) + list(flat):
+            with tf.device(t.device if isinstance(t, tf.Variable) else None):
+                read.append(tf.convert_to_tensor(t))
+        with tf.device(self._devices[-1]):
+            out = Pipelined(*read)
+        return tf.nest.pack_sequence_as(structure[0], out)
+
+    def _Backward(self, step, args, sizes, merged, dys, variables) -> tuple[list, list]:
+        """Pipelined's gradient: (of theta and the inputs, of the variables it read)."""
+        dys = tf.nest.pack_sequence_as(merged, list(dys))
+        with tf.device(self._devices[-1]), tf.name_scope("split_dy"):
+            micro_dys = micro_batch.SplitLike(dys, step.Outputs(), sizes, 0)
+        result = executor.Backward(step, micro_dys)
+        with tf.device(self._devices[0]), tf.name_scope("merge_dx"):
+            input_grads = micro_batch.MergeGradients(result.input_grads, args, sizes, 0)
+        grads = self._SumGradients(result.weight_grads) + list(input_grads)
+        return grads, [result.extra_grads.get(v.ref()) for v in variables]
+
+    def _SumGradients(self, weight_grads: list[list]) -> list:
+        """Aligned with .theta: each weight's gradient summed over the stages using it."""
+        sums: dict = {}
+        for ws, grads in zip(self._trainable, weight_grads):
+            for w, g in zip(ws, grads):
+                if g is not None:
+                    ref = w.value.ref()
+                    if ref in sums:  # a tied weight: summed where it lives
+                        with tf.device(w.value.device):
+                            g = sums[ref] + g
+                    sums[ref] = g
+        return [sums.get(v.ref()) for v in self._theta]
 
     def _StageWeights(self, theta: list) -> list[list]:
         """Stage s's values of its trainable weights, from theta (aligned with .theta)."""
@@ -320,17 +385,8 @@ class GraphPipeline:
             self._Contexts(),
         )
         self._ApplyStates(states)
-        sums: dict = {}
-        for ws, grads in zip(self._trainable, result.weight_grads):
-            for w, g in zip(ws, grads):
-                if g is not None:
-                    ref = w.value.ref()
-                    if ref in sums:  # a tied weight: summed where it lives
-                        with tf.device(w.value.device):
-                            g = sums[ref] + g
-                    sums[ref] = g
         return NestedMap(
             metrics=result.metrics,
-            theta_grads=[sums.get(v.ref()) for v in self._theta],
+            theta_grads=self._SumGradients(result.weight_grads),
             variable_grads=result.extra_grads,
         )

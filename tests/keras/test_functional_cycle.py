@@ -4,6 +4,7 @@ it refuses, and its config (save and load in this process)."""
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import lingpipe.keras as lpk
 
@@ -92,3 +93,55 @@ def test_config_round_trip_and_keras_file(tmp_path):
     assert isinstance(loaded, lpk.Pipeline)
     assert loaded.pipeline.devices == pipe.pipeline.devices
     np.testing.assert_allclose(loaded.predict(x, verbose=0), want, atol=1e-6)
+
+
+def _BatchNormNet():
+    keras.utils.set_random_seed(8)
+    x = keras.Input((6,))
+    h = keras.layers.Dense(8, name="d1")(x)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    h = keras.layers.Dense(8, activation="relu", name="d2")(h)
+    return keras.Model(x, keras.layers.Dense(1, name="out")(h))
+
+
+@pytest.mark.parametrize("remat", ["always", "never"])
+def test_custom_training_loop_under_a_tape(remat):
+    """A caller's tf.GradientTape over model(x, training=True) in a tf.function: the
+    gradients and moving statistics of the plain model run on the micro-batches in turn."""
+    model = _BatchNormNet()
+    plain = keras.models.clone_model(model)
+    plain.set_weights(model.get_weights())
+    pipe = lpk.Pipeline(
+        model, num_stages=2, num_micro_batches=4, split_points=["d2"], remat=remat, devices=DEVICES
+    )
+    x, y = _Data(8)
+    mse = keras.losses.MeanSquaredError()
+
+    @tf.function
+    def PipeGradients(x, y):
+        with tf.GradientTape() as tape:
+            loss = mse(y, pipe(x, training=True))
+        return tape.gradient(loss, pipe.trainable_weights)
+
+    got = PipeGradients(tf.constant(x), tf.constant(y))
+    # The backward is the executor's: each stage's gradient ops on its device (a plain
+    # tape in a tf.function would leave them unplaced, on CPU:0).
+    graph = PipeGradients.get_concrete_function(tf.constant(x), tf.constant(y)).graph
+    grads = [
+        op
+        for op in graph.get_operations()
+        if op.type == "MatMul" and op.name.startswith("gradient_tape/")
+    ]
+    for s, device in enumerate(DEVICES):
+        ops = [op for op in grads if f"_s{s}_mb" in op.name]
+        assert len(ops) == 4 * 2 * (1 if s == 0 else 2), (s, [op.name for op in ops])
+        assert all(op.device == device for op in ops), [(op.name, op.device) for op in ops]
+    want = [tf.zeros_like(w) for w in plain.trainable_weights]
+    for xm, ym in zip(np.split(x, 4), np.split(y, 4)):
+        with tf.GradientTape() as tape:
+            loss = mse(ym, plain(xm, training=True)) / 4
+        want = [a + g for a, g in zip(want, tape.gradient(loss, plain.trainable_weights))]
+    for w, g, r in zip(pipe.trainable_weights, got, want):
+        np.testing.assert_allclose(g.numpy(), r.numpy(), atol=1e-5, err_msg=w.path)
+    for a, b in zip(model.non_trainable_weights, plain.non_trainable_weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-6, err_msg=a.path)
