@@ -565,7 +565,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         """
         p = self.params
         pairs = {(s, m) for s in range(sched.num_stages) for m in range(sched.num_micro_batches)}
-        if p.remat != "except_last":
+        if p.remat != "except_last" or not sched.has_backward:  # forward-only: no backward
             return pairs if p.remat == "never" else set()
         kept = set()
         for acts in sched.device_actions:
