@@ -16,7 +16,9 @@ checkpoints, summaries and results) and lists each worker's devices.
 first stages, worker 1's the next, so the only traffic between hosts is at the
 stage boundaries where one worker's devices end; devices enough for several
 pipelines make several data-parallel replicas (strategies.HostsLayout).
-`HostsTrainer` names the worker that went away when a step fails.
+`HostsTrainer` names the worker that went away when a step fails, and the one that
+stopped answering when a step misses its deadline (`DEFAULT_STEP_TIMEOUT_S`,
+`--step_timeout_s`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ from lingpipe import cluster as cluster_lib
 from lingpipe.runners import checkpointer, train_loop
 
 DEFAULT_TIMEOUT_S = 60.0
+# Seconds a training step may take before the run looks for a worker that stopped
+# answering (the run's first step, which traces, gets train_loop.FIRST_STEP_FACTOR times it).
+DEFAULT_STEP_TIMEOUT_S = 300.0
+# What a gRPC client sends first (HTTP/2's connection preface and an empty SETTINGS
+# frame): a live server answers with its own SETTINGS at once.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 # The client's own CPU devices: one per data-parallel replica it runs (the replicas'
 # stages live on the workers). The trainer's --logical_devices sets another number.
 CLIENT_DEVICES = 8
@@ -103,6 +111,20 @@ def Answers(address: str, timeout_s: float) -> str | None:
             return None
     except (OSError, ValueError) as e:
         return f"{type(e).__name__}: {e}"
+
+
+def Responds(address: str, timeout_s: float) -> bool:
+    """Whether the server at `address` answers a gRPC (HTTP/2) greeting within
+    `timeout_s`. A stopped or hung process's port still accepts connections (the
+    kernel does that), so only an answer tells that it runs."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as s:
+            s.settimeout(timeout_s)
+            s.sendall(_HTTP2_PREFACE)
+            return bool(s.recv(9))
+    except (OSError, ValueError):
+        return False
 
 
 def ProbeWorkers(cluster: Cluster, timeout_s: float) -> None:
@@ -258,10 +280,27 @@ class HostsTrainer(train_loop.Trainer):
     def __init__(self, *args, cluster: Cluster, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._cluster = cluster
+        self.SetStepTimeout(DEFAULT_STEP_TIMEOUT_S)
+
+    def _StepHung(self, step: int, timeout_s: float) -> train_loop.StepHungError:
+        """Names the workers that no longer answer (a stopped or hung process)."""
+        silent = [t for t, a in enumerate(self._cluster.workers) if not Responds(a, 5.0)]
+        if not silent:
+            return super()._StepHung(step, timeout_s)
+        who = ", ".join(self._cluster.Name(t) for t in silent)
+        verb = "does" if len(silent) == 1 else "do"
+        return train_loop.StepHungError(
+            f"Step {step} did not finish within {timeout_s:g} s (--step_timeout_s): {who} "
+            f"{verb} not answer (stopped or hung). The checkpoints are intact (latest: "
+            f"{self.checkpointer.latest}); restart the worker (python -m lingpipe.worker) "
+            "and rerun the trainer with the same command to resume from it."
+        )
 
     def _RunStep(self, iterator, step: int, stop: bool) -> train_loop.StepResult:
         try:
             return super()._RunStep(iterator, step, stop)
+        except train_loop.StepHungError:
+            raise  # It names the workers that stopped answering already.
         except train_loop.ClusterError as e:
             cause = e.__context__
             text = getattr(cause, "message", str(cause or e))

@@ -36,7 +36,10 @@ from absl import logging
 
 from lingpipe.models import base_task
 from lingpipe.nested_map import NestedMap
-from lingpipe.runners import checkpointer, progress, rundir
+from lingpipe.runners import checkpointer, progress, rundir, step_deadline
+
+# The run's first step traces the step function: its deadline is this many times longer.
+FIRST_STEP_FACTOR = 5
 
 
 class NonFiniteError(RuntimeError):
@@ -45,6 +48,10 @@ class NonFiniteError(RuntimeError):
 
 class ClusterError(RuntimeError):
     """A step failed in the runtime: a worker or device of the run went away."""
+
+
+class StepHungError(ClusterError):
+    """A step did not finish within its deadline (the message names the step)."""
 
 
 # Errors of a step that mean a peer (another worker) failed, not a bug in the model.
@@ -489,6 +496,9 @@ class Trainer:
         self._saved_step: int | None = None  # the newest checkpoint's step
         self._evaluated_step: int | None = None
         self._multi_worker = strategy.num_replicas_in_sync > LocalReplicas(strategy)
+        self._step_timeout_s: float | None = None
+        self._first_step = 1  # of this run: it traces the step function
+        self._signals: StopSignals | None = None
 
     @property
     def checkpointer(self) -> checkpointer.Checkpointer:
@@ -557,9 +567,25 @@ class Trainer:
 
         return iter(self._strategy.distribute_datasets_from_function(DatasetFn))
 
+    def SetStepTimeout(self, timeout_s: float | None) -> None:
+        """Each step must finish within `timeout_s` seconds (the run's first, which
+        traces, within FIRST_STEP_FACTOR times that), or the run fails naming it (see
+        step_deadline); None or 0: steps may take for ever."""
+        self._step_timeout_s = timeout_s or None
+
+    def _StepHung(self, step: int, timeout_s: float) -> StepHungError:
+        """The error of a step that did not finish in time (HostsTrainer names the host)."""
+        return StepHungError(
+            f"Step {step} did not finish within {timeout_s:g} s (--step_timeout_s): a device "
+            f"or worker of the run hangs. The checkpoints are intact (latest: "
+            f"{self._checkpointer.latest}); fix or restart it and rerun the same command "
+            "to resume."
+        )
+
     def _RunStep(self, iterator, step: int, stop: bool) -> StepResult:
         """Step `step` (1-based), with the results on the host as numpy."""
-        try:
+
+        def Step() -> StepResult:
             result = self._step_fn(iterator, tf.constant(step - 1, tf.int64), tf.constant(stop))
             return StepResult(
                 result.metrics,
@@ -567,6 +593,30 @@ class Trainer:
                 result.weights_finite.numpy(),
                 bool(result.stop),
             )
+
+        timeout_s = self._step_timeout_s
+        if not timeout_s:
+            return self._Guarded(Step, step)
+        if step == self._first_step:
+            timeout_s *= FIRST_STEP_FACTOR
+        signalled = lambda: self._signals.received if self._signals else None  # noqa: E731
+        try:
+            return self._Guarded(
+                lambda: step_deadline.Call(Step, timeout_s, signalled, name=f"step-{step}"), step
+            )
+        except step_deadline.StepTimeout as e:
+            raise self._StepHung(step, e.timeout_s) from None
+        except step_deadline.StoppedWhileWaiting as e:
+            raise Stopped(
+                f"Stopped by {e.signal_name} while step {step} waited for the devices or "
+                f"workers of the run; nothing of it was saved (latest checkpoint: "
+                f"{self._checkpointer.latest}); rerun the same command to resume"
+            ) from None
+
+    def _Guarded(self, run: Callable[[], StepResult], step: int) -> StepResult:
+        """run(), with the runtime's errors of a lost peer as ClusterError."""
+        try:
+            return run()
         except _CLUSTER_ERRORS as e:
             raise ClusterError(
                 f"Step {step} failed: {type(e).__name__}: {e.message.splitlines()[0]}. "
@@ -667,6 +717,7 @@ class Trainer:
         bar.Start(start)
         try:
             with StopSignals() as signals:
+                self._signals, self._first_step = signals, start + 1
                 return self._Loop(start, writer, bar, signals)
         except NonFiniteError as e:
             self._Record("failed", str(e))

@@ -428,3 +428,72 @@ def test_a_model_too_big_for_the_machine_is_refused_before_it_is_built(capsys, t
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert match.group(2) == f"{ram / 2**30:,.1f}"
     assert not logdir.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sigterm", [False, True])
+def test_a_stopped_worker_is_named_with_the_step_and_the_run_ends(tmp_path, sigterm):
+    import signal
+    import time
+
+    from test_hosts import DEADLINE_S, Workers, _CheckpointStep, _Chief, _Cluster, _Read
+
+    logdir, ckpt_dir = str(tmp_path / "run"), str(tmp_path / "run" / "checkpoints")
+    spec = _Cluster(2)
+    flags = ["--num_stages=4", "--checkpoint_interval_steps=5", "--log_interval_steps=0"]
+    timeout = "600" if sigterm else "8"
+    with Workers(spec, str(tmp_path)) as procs:
+        chief = _Chief(
+            spec,
+            *flags,
+            "--max_steps=100000",
+            "--mode=train",
+            f"--logdir={logdir}",
+            f"--step_timeout_s={timeout}",
+            logdir=str(tmp_path),
+            tag="chief",
+            wait=False,
+        )
+        try:
+            end = time.monotonic() + DEADLINE_S
+            while not _CheckpointStep(ckpt_dir) >= 10:
+                assert chief.poll() is None, _Read(str(tmp_path), "chief")[-3000:]
+                assert time.monotonic() < end, "no checkpoint appeared in time"
+                time.sleep(0.05)
+            procs[1].send_signal(signal.SIGSTOP)
+            if sigterm:
+                time.sleep(2)  # the chief is waiting for the stopped worker
+                chief.send_signal(signal.SIGTERM)
+            code = chief.wait(timeout=120)  # the deadline is 8 s; the SIGTERM's grace 5 s
+        finally:
+            procs[1].send_signal(signal.SIGCONT)
+            if chief.poll() is None:
+                chief.kill()
+    log = _Read(str(tmp_path), "chief")
+    last = log.strip().splitlines()[-1]
+    import tensorflow as tf
+
+    latest = tf_latest = tf.train.latest_checkpoint(ckpt_dir)
+    if sigterm:
+        assert code == 3, log[-3000:]
+        assert re.fullmatch(
+            r"lingpipe.trainer: Stopped by SIGTERM while step (\d+) waited for the devices or "
+            rf"workers of the run; nothing of it was saved \(latest checkpoint: {re.escape(latest)}"
+            r"\); rerun the same command to resume",
+            last,
+        ), last
+    else:
+        assert code == 1, log[-3000:]
+        assert re.fullmatch(
+            r"lingpipe.trainer: error: Step (\d+) did not finish within 8 s \(--step_timeout_s\): "
+            rf"worker 1 \({re.escape(spec['worker'][1])}\) does not answer \(stopped or hung\)\. "
+            rf"The checkpoints are intact \(latest: {re.escape(latest)}\); .*",
+            last,
+        ), last
+    step = int(re.search(r"step (\d+)", last, re.I).group(1))
+    assert int(tf_latest.rsplit("-", 1)[1]) >= 10 and step > int(tf_latest.rsplit("-", 1)[1])
+    # The newest checkpoint is whole: every tensor of it reads.
+    from test_trainer import Weights
+
+    assert Weights(latest)
+    assert "Traceback" not in log
