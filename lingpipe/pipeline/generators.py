@@ -48,12 +48,6 @@ def VPlacement(num_devices: int) -> tuple[int, ...]:
     return tuple(range(num_devices)) + tuple(reversed(range(num_devices)))
 
 
-def _Built(name: str, k: int, m: int, acts: list, v: int = 1, placement: tuple | None = None):
-    """The Schedule of device lists `acts`: K * v stages placed by `placement` (None: loop)."""
-    num_stages = len(placement) if placement else k * v
-    return Schedule(name, k, num_stages, m, tuple(tuple(a) for a in acts), placement)
-
-
 class _Device:
     """A device's list being written: per stage, the next micro-batch of each kind,
     and the W's owed, oldest first."""
@@ -100,7 +94,7 @@ def BreadthFirst(
         if name != "forward_only":
             acts += [Action(BACKWARD, s, mb) for s in stages[::-1] for mb in reversed(range(m))]
         devices.append(acts)
-    return _Built(name, k, m, devices, placement=placement)
+    return Schedule(name, k, len(placement), m, devices, placement)
 
 
 def _Rounds(k: int, m: int, v: int, reverse: bool = False) -> tuple[list[int], int]:
@@ -145,7 +139,7 @@ def OneForwardOneBackward(
                     dev.PayW()
         dev.PayW(len(dev.owed))
         devices.append(dev.acts)
-    return _Built(name, k, m, devices, v)
+    return Schedule(name, k, k * v, m, devices)
 
 
 def ZBV(num_devices: int, num_micro_batches: int) -> Schedule:
@@ -165,10 +159,8 @@ def ZBV(num_devices: int, num_micro_batches: int) -> Schedule:
             dev.Add(FORWARD, second), dev.Add(FORWARD, first)
         for _ in range(k - d):
             dev.Add(FORWARD, second), dev.Add(BACKWARD_INPUT, second), dev.PayW()
-        while (
-            dev.next[(FORWARD, second)] < dev.next[(FORWARD, first)]
-            or dev.next[(FORWARD, first)] < n
-        ):
+        # Until the first stage has n forwards and the second caught up (never ahead).
+        while dev.next[(FORWARD, second)] < max(dev.next[(FORWARD, first)], n):
             if dev.next[(FORWARD, first)] < n:
                 dev.Add(FORWARD, first)
             dev.Add(BACKWARD_INPUT, first), dev.PayW()
@@ -182,7 +174,7 @@ def ZBV(num_devices: int, num_micro_batches: int) -> Schedule:
         dev.owed.sort(key=lambda a: (a.stage == first, a.micro_batch))
         dev.PayW(len(dev.owed))
         devices.append(dev.acts)
-    return _Built("zbv", k, m, devices, placement=VPlacement(k))
+    return Schedule("zbv", k, 2 * k, m, devices, VPlacement(k))
 
 
 def DualPipeV(num_devices: int, num_micro_batches: int) -> Schedule:
@@ -222,7 +214,7 @@ def DualPipeV(num_devices: int, num_micro_batches: int) -> Schedule:
             dev.PayW(), dev.Add(BACKWARD_INPUT if split else BACKWARD, first)
         dev.PayW(len(dev.owed))
         devices.append(dev.acts)
-    return _Built("dualpipev", k, m, devices, placement=VPlacement(k))
+    return Schedule("dualpipev", k, 2 * k, m, devices, VPlacement(k))
 
 
 _BUILDERS: dict[str, Callable[[str, int, int, int], Schedule]] = {
@@ -289,9 +281,7 @@ def Resolve(
       ScheduleError: unknown name, unreadable CSV, a schedule for other K or M (saying
         received and expected), or one that cannot run (naming the action).
     """
-    if isinstance(spec, str) and spec in SCHEDULES:
-        return Make(spec, num_devices, num_micro_batches, num_virtual_stages)
-    if isinstance(spec, (str, os.PathLike)) and not IsCsvPath(spec):
+    if isinstance(spec, (str, os.PathLike)) and (spec in SCHEDULES or not IsCsvPath(spec)):
         return Make(str(spec), num_devices, num_micro_batches, num_virtual_stages)
     if isinstance(spec, Schedule):
         sched, where = spec, f"Schedule {spec.name!r}"
@@ -321,7 +311,7 @@ def IsCsvPath(spec: str | os.PathLike) -> bool:
 
 def ForwardTicks(num_stages: int, num_micro_batches: int) -> list[list[tuple[int, int]]]:
     """Fill-drain forward clock ticks: ticks[t] lists the (stage, micro_batch) pairs of t."""
-    ticks = []
-    for t in range(num_stages + num_micro_batches - 1):
-        ticks.append([(k, t - k) for k in range(num_stages) if 0 <= t - k < num_micro_batches])
-    return ticks
+    return [
+        [(k, t - k) for k in range(num_stages) if 0 <= t - k < num_micro_batches]
+        for t in range(num_stages + num_micro_batches - 1)
+    ]
