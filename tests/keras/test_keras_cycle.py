@@ -256,6 +256,7 @@ def _RunScript(script, directory):
     return done.stdout
 
 
+@pytest.mark.slow  # two fresh processes: 6 s on an idle machine, 28 s on a busy one
 def test_save_load_export_and_serve_in_fresh_processes(tmp_path):
     model = lpk.PipelinedSequential(_Layers(), num_stages=2, num_micro_batches=2, input_shape=(8,))
     _Compile(model)
