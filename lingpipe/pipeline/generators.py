@@ -204,14 +204,10 @@ def DualPipeV(num_devices: int, num_micro_batches: int) -> Schedule:
             dev.Add(FORWARD, second), dev.Add(BACKWARD, first)
         for _ in range(k - d - 1):
             dev.Add(BACKWARD, second), dev.Add(FORWARD, second), dev.Add(BACKWARD, first)
-        split = False
-        for i in range(d + 1):  # the second half of these backwards leave their W's for later
-            split = split or (i == (d + 1) // 2 and d % 2 == 1)
-            dev.Add(BACKWARD_INPUT if split else BACKWARD, second)
-            split = split or (i == (d + 1) // 2 and d % 2 == 0)
-            dev.Add(BACKWARD_INPUT if split else BACKWARD, first)
+        for i in range(2 * (d + 1)):  # second, first, ...; the second half leave their W's
+            dev.Add(BACKWARD_INPUT if i > d else BACKWARD, first if i % 2 else second)
         for _ in range(k - d - 1):
-            dev.PayW(), dev.Add(BACKWARD_INPUT if split else BACKWARD, first)
+            dev.PayW(), dev.Add(BACKWARD_INPUT, first)
         dev.PayW(len(dev.owed))
         devices.append(dev.acts)
     return Schedule("dualpipev", k, 2 * k, m, devices, VPlacement(k))
