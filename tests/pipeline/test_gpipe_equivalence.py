@@ -208,6 +208,8 @@ def test_eval_runs_the_same_pipeline_without_custom_gradients():
         graph = fn.get_concrete_function().graph
     test_utils.AssertAllClose(got, want)
     assert not [op for op in graph.get_operations() if op.type == "IdentityN"]
+    names = " ".join(op.name for op in graph.get_operations())
+    assert "F_s1_mb3/" in names and "B_s" not in names  # the forward-only schedule
     assert Misplaced(graph) == []
     assert {op.device for op in graph.get_operations() if op.type == "Tanh"} == {
         "/device:CPU:0",
