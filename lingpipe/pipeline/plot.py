@@ -46,12 +46,6 @@ _BAR_STYLE = {"height": 0.8, "edgecolor": "white", "linewidth": 0.5}
 _TEXT_STYLE = {"ha": "center", "va": "center", "fontsize": 7, "color": "white"}
 
 
-def _Label(sched: Schedule, a: Action) -> str:
-    if sched.num_virtual_stages == 1:
-        return str(a.micro_batch)
-    return f"{a.micro_batch}.{sched.ChunkOf(a.stage)}"
-
-
 def _Figure(sched: Schedule, bars: Sequence[Bar], unit: str, title: str) -> Any:
     """The Gantt chart of `bars`: device 0 on top."""
     import matplotlib
@@ -67,7 +61,7 @@ def _Figure(sched: Schedule, bars: Sequence[Bar], unit: str, title: str) -> Any:
     labels = []  # (text, device, start, end): kept below only where the text fits its bar
     for device, start, end, a in bars:
         ax.barh(device, end - start, left=start, color=COLOURS[a.kind], **_BAR_STYLE)
-        text = ax.text((start + end) / 2, device, _Label(sched, a), **_TEXT_STYLE)
+        text = ax.text((start + end) / 2, device, sched.Label(a), **_TEXT_STYLE)
         labels.append((text, device, start, end))
     ax.set_yticks(range(sched.num_devices))
     ax.set_yticklabels([f"device {d}" for d in range(sched.num_devices)])

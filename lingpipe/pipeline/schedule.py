@@ -107,6 +107,12 @@ class Schedule:
         """The position of `stage` among its device's stages: 0 for the first."""
         return self.StagesOf(self.DeviceOf(stage)).index(stage)
 
+    def Label(self, a: Action) -> str:
+        """`a`'s micro-batch for grids and charts: '3', or '3.1' on its device's second stage
+        when a device runs several."""
+        chunk = f".{self.ChunkOf(a.stage)}" if self.num_virtual_stages > 1 else ""
+        return f"{a.micro_batch}{chunk}"
+
     @property
     def splits_backward(self) -> bool:
         """Whether backwards come as I and W actions (zero bubble) rather than B."""

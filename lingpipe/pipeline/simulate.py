@@ -88,18 +88,13 @@ def _CheckStructure(s: Schedule) -> None:
                     f"lives on device {s.DeviceOf(a.stage)}"
                 )
             seen[a] += 1
-    forward_only = not s.has_backward
+    # How often F, B, I and W of a stage and micro-batch may be listed.
+    allowed = {(1, 1, 0, 0), (1, 0, 1, 1)} if s.has_backward else {(1, 0, 0, 0)}
     for stage in range(s.num_stages):
         for m in range(s.num_micro_batches):
-            f, b = Action(FORWARD, stage, m), Action(BACKWARD, stage, m)
-            i, w = Action(BACKWARD_INPUT, stage, m), Action(BACKWARD_WEIGHT, stage, m)
-            ok = seen[f] == 1 and (
-                forward_only
-                or (seen[b] == 1 and not seen[i] and not seen[w])
-                or (not seen[b] and seen[i] == 1 and seen[w] == 1)
-            )
-            if not ok:
-                counts = ", ".join(f"{x}: {seen[x]}" for x in (f, b, i, w))
+            acts = [Action(kind, stage, m) for kind in KINDS]
+            if tuple(seen[x] for x in acts) not in allowed:
+                counts = ", ".join(f"{x}: {seen[x]}" for x in acts)
                 raise ScheduleError(
                     f"schedule {s.name!r}: stage {stage} micro-batch {m} needs one F and one "
                     f"B (or one I and one W), received {counts}"
@@ -208,16 +203,11 @@ def _PeakAlive(s: Schedule, start: dict, end: dict) -> tuple[list[int], list[int
     return [PeakOf(e) for e in events], [PeakOf(e) for e in device]
 
 
-def _Label(s: Schedule, a: Action) -> str:
-    label = f"{a.kind}{a.micro_batch}"
-    return label if s.num_virtual_stages == 1 else f"{label}.{s.ChunkOf(a.stage)}"
-
-
 def Grid(s: Schedule, sim: Simulation) -> str:
     """One row per device, one column per time unit: `F3` forward of micro-batch 3
     (`F3.1` on the device's second stage when it runs several), `~` the rest of a
     longer action, `.` idle."""
-    width = max([len(_Label(s, a)) for acts in s.device_actions for a in acts] + [2])
+    width = max([len(a.kind + s.Label(a)) for acts in s.device_actions for a in acts] + [2])
     slots = int(round(sim.makespan))
     lines = ["      " + " ".join(f"{t:>{width}}" for t in range(slots))]
     for d, acts in enumerate(s.device_actions):
@@ -227,7 +217,7 @@ def Grid(s: Schedule, sim: Simulation) -> str:
                 continue
             t0, t1 = int(round(sim.start[a])), int(round(sim.end[a]))
             for t in range(t0, min(t1, slots)):
-                row[t] = _Label(s, a) if t == t0 else "~"
+                row[t] = a.kind + s.Label(a) if t == t0 else "~"
         lines.append(f"dev {d:<2}" + " ".join(f"{c:>{width}}" for c in row))
     return "\n".join(lines)
 
