@@ -10,7 +10,7 @@ the first device listing logs `E... failed call to cuInit`. None of it is
 something a user can act on. `ImportTensorFlow` imports TensorFlow and lists the
 devices with file descriptor 2 redirected to a file, then writes back every line
 but those. Later C++ INFO lines go with `TF_CPP_MIN_LOG_LEVEL=1`, set only when
-the user has not set it. `QuietPythonWarnings` drops TensorFlow Python warnings
+the user has not set it. `QuietPythonWarnings` drops TensorFlow Python log lines
 that describe lingpipe's own choices (see `NOISE`).
 """
 
@@ -35,10 +35,14 @@ BANNER = (
 _NO_DRIVER = re.compile(r"cudart_stub\.cc:\d+\] Could not find cuda drivers")
 # Said when no CUDA driver is installed, which the banner's line above already told.
 _CU_INIT = re.compile(r"^E\d{4} .*\] failed call to cuInit: ")
-# TensorFlow Python warnings about lingpipe's design, not about the user's run:
+# TensorFlow Python log lines about lingpipe's design, not about the user's run:
 # under `mirrored` each replica's gradients are reduced onto that replica's own
-# copies of the weights (one task per replica), so destinations always differ.
-NOISE = (re.compile(r"^Efficient batch_reduce is not supported if destinations are different"),)
+# copies of the weights (one task per replica), so destinations always differ; and
+# connecting to the stage hosts (`hosts`) dumps its SessionOptions proto (20 lines).
+NOISE = (
+    re.compile(r"^Efficient batch_reduce is not supported if destinations are different"),
+    re.compile(r"^default session config: "),
+)
 
 
 def FilterBanner(text: str) -> str:
@@ -101,9 +105,11 @@ class _DropNoise(logging.Filter):
 
 
 def QuietPythonWarnings() -> None:
-    """Drops the warnings of NOISE from TensorFlow's Python logger (once per process)."""
+    """Drops the lines of NOISE from TensorFlow's Python logger and absl's (which some of
+    TensorFlow's modules log to), once per process."""
     import tensorflow as tf
+    from absl import logging as absl_logging
 
-    logger = tf.get_logger()
-    if not any(isinstance(f, _DropNoise) for f in logger.filters):
-        logger.addFilter(_DropNoise())
+    for logger in (tf.get_logger(), absl_logging.get_absl_logger()):
+        if not any(isinstance(f, _DropNoise) for f in logger.filters):
+            logger.addFilter(_DropNoise())
