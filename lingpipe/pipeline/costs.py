@@ -7,11 +7,11 @@ forward and backward on a sample batch.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from lingpipe import base_layer, hyperparams
@@ -47,15 +47,13 @@ def CellMetas(
         meta = child_p.cls.FPropMeta(child_p, *shapes)
         if meta is None:
             raise ValueError(f"cell {i} ({p.cls.__name__}) FPropMeta returned nothing")
+        out = tuple(meta.out_shapes)
         metas.append(
             NestedMap(
-                flops=meta.flops,
-                num_params=meta.num_params,
-                in_shapes=shapes,
-                out_shapes=tuple(meta.out_shapes),
+                flops=meta.flops, num_params=meta.num_params, in_shapes=shapes, out_shapes=out
             )
         )
-        shapes = tuple(meta.out_shapes)
+        shapes = out
     return metas
 
 
@@ -64,21 +62,18 @@ def ShapeBytes(shapes: Any, dtype: tf.DType = tf.float32) -> int:
     total = 0
     for shape in tf.nest.flatten(shapes, expand_composites=False):
         if isinstance(shape, tf.TensorShape):
-            dims = [d if d is not None else 1 for d in shape.as_list()]
-            total += int(np.prod(dims)) * dtype.size
+            total += math.prod(1 if d is None else d for d in shape.as_list()) * dtype.size
     return total
 
 
 def _SampleInput(spec: Any) -> Any:
     if isinstance(spec, dict):
         return NestedMap({k: _SampleInput(v) for k, v in spec.items()})
-    if isinstance(spec, tf.TensorSpec):
-        shape, dtype = spec.shape, spec.dtype
-    else:
-        shape, dtype = tf.TensorShape(spec), tf.float32
-    if dtype.is_floating:
-        return tf.random.stateless_normal(shape, [0, 1], dtype=dtype)
-    return tf.zeros(shape, dtype)
+    if not isinstance(spec, tf.TensorSpec):
+        spec = tf.TensorSpec(spec, tf.float32)
+    if spec.dtype.is_floating:
+        return tf.random.stateless_normal(spec.shape, [0, 1], dtype=spec.dtype)
+    return tf.zeros(spec.shape, spec.dtype)
 
 
 def ProfileCells(
