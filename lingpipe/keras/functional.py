@@ -35,14 +35,16 @@ Supported:
   - Keras dropout and other SeedGenerator layers: stateless seeds per step,
     micro-batch and layer name, so recomputation (remat) reproduces the masks;
   - Keras masks (Embedding(mask_zero=True)) crossing a cut;
-  - schedules of one stage per device ('gpipe', '1f1b', 'zero_bubble', ...), remat.
+  - batches of any size (a partial last batch, validation_split): split at run time
+    into micro-batches differing by at most one row;
+  - schedules of one stage per device ('gpipe', '1f1b', 'zero_bubble', ...), remat;
+  - a caller's own tf.GradientTape over model(x, training=True): fill-drain forwards
+    whose gradient is the executor's backwards, each on its stage's device.
 
 Not supported: subclassed keras.Model (no graph to cut); schedules with several
 stages per device (interleaved_1f1b, zbv, dualpipev); a non-trainable state shared
 by layers on two stages (threaded in program order); losses added with add_loss
-inside layers; training under a caller's own
-tf.GradientTape recomputes nothing (call the model with training=True: fill-drain,
-no remat; fit uses the schedule and remat).
+inside layers; mixed precision policies (untested).
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def _SmallConvNet():
     return keras.Model(x, keras.layers.Dense(10, activation="softmax", name="out")(h))
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zero_bubble"])
 def test_batch_norm_traced_fit_equals_plain_micro_batches(schedule):
     """fit traced (tf.function): weights and moving statistics as the reference's."""
     global MICRO
