@@ -3,22 +3,13 @@
 An action is (kind, stage, micro-batch): `F` a forward, `B` a backward (input and
 weight gradients together), and, for zero bubble, `I` (the gradient of the
 stage's inputs) and `W` (its weights' gradient) apart. A stage is a chunk of the
-model; a device runs one or more stages, as the schedule's `stage_devices` says
-(by default the loop placement, stage s on device s mod K; V-shaped schedules put
-a device's two stages at both ends of the model).
+model; a device runs one or more stages, as the schedule's `stage_devices` says.
 
     sched = generators.Make('1f1b', num_stages=4, num_micro_batches=8)
     sched.device_actions[0]   # (F s0 mb0, F s0 mb1, F s0 mb2, F s0 mb3, B s0 mb0, ...)
     sched.DeviceOf(3)         # 3
     sim = simulate.Simulate(sched)   # validates; makespan, bubble, peak alive per stage
-
-Schedules also travel as CSV in torch.distributed.pipelining's compute-only
-format, one row per device, one cell per time step: `0F0` (stage 0's forward of
-micro-batch 0), `7I3`, `7W3`, `1B2`, or an empty cell for an idle step:
-
-    text = ToCsv(sched)
-    FromCsv(text) == sched        # True
-    FromCsv("schedules/zbv.csv", num_micro_batches=8)
+    FromCsv("schedules/zbv.csv", num_micro_batches=8)   # torch's compute-only CSV; ToCsv
 
 The generators by name (`gpipe`, `1f1b`, ...) are in lingpipe.pipeline.generators;
 `python -m lingpipe.pipeline.schedule` prints a schedule's grid and figures.
@@ -125,9 +116,8 @@ class Schedule:
 
     def __str__(self) -> str:
         rows = [f"device {d}: " + ", ".join(map(str, a)) for d, a in enumerate(self.device_actions)]
-        return f"{self.name} (K={self.num_devices}, M={self.num_micro_batches}):\n" + "\n".join(
-            rows
-        )
+        head = f"{self.name} (K={self.num_devices}, M={self.num_micro_batches}):"
+        return "\n".join([head, *rows])
 
 
 _CELL = re.compile(r"^(\d+)([FBIW])(\d+)$")
