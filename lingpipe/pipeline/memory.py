@@ -299,13 +299,10 @@ def _Spec(x: Any, key: str = "", float_dtype: tf.DType = tf.float32) -> Any:
     return tf.TensorSpec(base_layer.ToShape(x), dtype)
 
 
-def MicroBatchSpecs(
-    input_specs: tuple, num_micro_batches: int, batch_dim: int, float_dtype=tf.float32
-) -> tuple:
-    """The specs of the largest micro-batch: leaves whose size along batch_dim is the
-    batch (that of the first leaf that has one) are cut to ceil(batch / M). Bare
-    shapes are `float_dtype`."""
-    specs = tuple(_Spec(x, "", float_dtype) for x in input_specs)
+def MicroBatchSpecs(specs: tuple, num_micro_batches: int, batch_dim: int) -> tuple:
+    """`specs` (the whole batch's tf.TensorSpecs) for the largest micro-batch: leaves whose
+    size along batch_dim is the batch (that of the first leaf that has one) are cut to
+    ceil(batch / M)."""
     leaves = tf.nest.flatten(specs)
     batch = next(
         (s.shape[batch_dim] for s in leaves if s.shape.rank and s.shape.rank > batch_dim), None
@@ -358,10 +355,10 @@ def Estimate(
     compute = tf.as_dtype(
         getattr(first, "fprop_dtype", None) or parent_p.fprop_dtype or parent_p.dtype
     )  # the dtype the first cell computes in, which bare input shapes take
-    specs = MicroBatchSpecs(input_specs, sched.num_micro_batches, batch_dim, compute)
+    whole = tuple(_Spec(x, "", compute) for x in input_specs)
+    specs = MicroBatchSpecs(whole, sched.num_micro_batches, batch_dim)
     cells = TraceCells(parent_p, cell_params, specs)
     sim = simulate.Simulate(sched)
-    whole = tuple(_Spec(x, "", compute) for x in input_specs)
     batch_bytes = sum(_Bytes(s) for s in tf.nest.flatten(whole))
     out = []
     for k, idx in enumerate(stage_cells):
@@ -369,9 +366,8 @@ def Estimate(
         boundary, internal = StageActivations(mine)
         shapes = [s for c in mine for s in c.trainable_shapes]
         size = mine[0].dtype_size
-        # Stage 0's micro-batches are slices of the batch, alive the whole step.
-        if k == 0:
-            boundary = 0
+        # Stage 0's inputs are slices of the batch, counted once as batch_bytes below.
+        boundary = boundary if k else 0
         events = ActivationEvents(sim, sched.num_micro_batches, k, kept, boundary, internal)
         alive = ActivationEvents(sim, sched.num_micro_batches, k, set(), 1, 0)
         out.append(
@@ -408,8 +404,7 @@ def ResetPeaks(devices: Sequence[str]) -> None:
 
 
 def _Allocators(devices: Sequence[str]) -> dict[str, str]:
-    """{what MeasuredPeaks reports: the allocator's device, 'GPU:1'}: each device on
-    accelerators; on CPU one entry for the one allocator of every logical device."""
+    """{what MeasuredPeaks reports (see there): the allocator's device, 'GPU:1'}."""
     names = [tf.DeviceSpec.from_string(d) for d in devices]
     if all((n.device_type or "CPU").upper() == "CPU" for n in names):
         return {"all CPU devices (one allocator)": "CPU:0"}
