@@ -19,11 +19,13 @@ that reached max_steps completes its final evaluation if that did not happen, an
 otherwise says there is nothing to do. The logdir may be any path TensorFlow's
 file system knows (local, gs://, ram://).
 
-Exit status: 0 done, 1 training failed (non-finite loss or weights, unreadable
-checkpoints, a file of the run that cannot be written), 2 bad command line or
-params, or the logdir is in use by another run (the message says what was
-expected), 3 stopped by SIGTERM or SIGINT after saving a checkpoint (rerun to
-resume), 130 interrupted before anything could be saved (a second Ctrl-C).
+Exit status: 0 done, 1 training failed (non-finite loss or weights, a float16 run
+that never updated, unreadable checkpoints, a file of the run that cannot be
+written, a lost or hung worker), 2 bad command line or params (a model too big for
+the machine included), or the logdir is in use by another run (the message says
+what was expected), 3 stopped by SIGTERM or SIGINT after saving a checkpoint, before
+the first step, or while a hung step waited (rerun to resume), 130 interrupted
+before anything could be saved (a second Ctrl-C).
 """
 
 from __future__ import annotations
@@ -199,6 +201,11 @@ def _CheckFlags() -> None:
         "logical_devices",
     ):
         _NonNegative(name)
+    if FLAGS.step_timeout_s is not None and FLAGS.step_timeout_s < 0:
+        raise startup.UsageError(
+            f"--step_timeout_s: expected seconds >= 0 (0: no limit), received "
+            f"{FLAGS.step_timeout_s:g}"
+        )
     if FLAGS.seed is not None and FLAGS.seed < 0:
         raise startup.UsageError(f"--seed: expected an integer >= 0, received {FLAGS.seed}")
     if FLAGS.max_checkpoints_to_keep < 1:

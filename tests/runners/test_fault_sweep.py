@@ -497,3 +497,31 @@ def test_a_stopped_worker_is_named_with_the_step_and_the_run_ends(tmp_path, sigt
 
     assert Weights(latest)
     assert "Traceback" not in log
+
+
+def test_an_earlier_export_may_be_replaced_but_nothing_else(tmp_path):
+    from lingpipe.runners import preflight, startup
+
+    earlier = tmp_path / "export"
+    (earlier / "variables").mkdir(parents=True)
+    (earlier / "saved_model.pb").write_bytes(b"")
+    (earlier / "fingerprint.pb").write_bytes(b"")
+    preflight.CheckExportDir(str(earlier), "--export_dir")  # no error: replaced
+    preflight.CheckExportDir(str(tmp_path / "new" / "dir"), "--export_dir")  # created
+    for name in "abcd":
+        (earlier / f"{name}.txt").write_text("")
+    with pytest.raises(startup.UsageError) as e:
+        preflight.CheckExportDir(str(earlier), "--export_dir")
+    assert str(e.value) == (
+        "--export_dir: it holds a.txt, b.txt, c.txt and 1 more, which an export would sit "
+        "beside; expected a directory (new, empty, or holding an earlier export)"
+    )
+
+
+def test_a_negative_step_timeout_is_refused(capsys, tmp_path):
+    from test_trainer_main import _AssertRefused
+
+    status, lines = _Main(capsys, f"--logdir={tmp_path / 'run'}", "--step_timeout_s=-1")
+    _AssertRefused(
+        status, lines, "--step_timeout_s: expected seconds >= 0 (0: no limit), received -1"
+    )
