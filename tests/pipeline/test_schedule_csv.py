@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from test_schedule import Command
 
 from lingpipe.pipeline import generators, schedule, simulate
 from lingpipe.pipeline.schedule import Action, FromCsv, Schedule, ScheduleError, ToCsv
@@ -123,22 +124,15 @@ def test_resolve_takes_a_name_a_schedule_or_a_csv_path():
         generators.Resolve(3, 2, 4)
 
 
-def _Command(*flags):
-    return subprocess.run(
-        [sys.executable, "-m", "lingpipe.pipeline.schedule", *flags],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-
-
 def test_command_reads_a_csv(tmp_path):
-    run = _Command(f"--csv={V_SHAPED}")
+    run = Command(f"--csv={V_SHAPED}")
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[1].split()[:4] == ["dev", "0", "F0.0", "F1.0"]
     assert "bubble 7.7%" in run.stdout  # 1 idle unit of 13 per device, under B=2 too
     assert "device 0: idle 7.7%; peak alive micro-batches 4 (s0: 2, s3: 2)" in run.stdout
     bad = tmp_path / "bad.csv"
     bad.write_text("0F0,0X0\n")
-    run = _Command(f"--csv={bad}")
+    run = Command(f"--csv={bad}")
     assert run.returncode == 2
     assert "row 1 (device 0), column 2: cannot read cell '0X0'" in run.stdout
 
