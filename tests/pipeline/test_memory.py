@@ -22,21 +22,15 @@ from lingpipe.pipeline import generators, memory, simulate
 CELL_W, STAGE_W, ACT, BATCH = 288, 576, 128, 512
 
 
-def Pipe(schedule="gpipe", remat="always", input_shapes=([16, 8],)):
-    cell = linear.ProjectionLayer.Params().Set(input_dims=8, output_dims=8, activation="RELU")
-    return (
-        gpipe.PipeliningLayer.Params()
-        .Set(
-            name="pipe",
-            cell_tpl=[cell.Copy() for _ in range(4)],
-            num_stages=2,
-            num_micro_batches=4,
-            remat=remat,
-            schedule=schedule,
-            input_shapes=input_shapes,
-        )
-        .Instantiate()
+def Pipe(schedule="gpipe", remat="always", input_shapes=([16, 8],), fprop_dtype=None):
+    cell = linear.ProjectionLayer.Params().Set(
+        input_dims=8, output_dims=8, activation="RELU", fprop_dtype=fprop_dtype
     )
+    p = gpipe.PipeliningLayer.Params().Set(
+        name="pipe", cell_tpl=[cell.Copy() for _ in range(4)], num_stages=2, num_micro_batches=4,
+        remat=remat, schedule=schedule, input_shapes=input_shapes,
+    )  # fmt: skip
+    return p.Instantiate()
 
 
 # (schedule, remat) -> activation bytes of (stage 0, stage 1), by hand:
@@ -74,14 +68,7 @@ def test_bfloat16_cells_are_estimated_in_bfloat16():
     import tensorflow as tf
 
     def Activations(dtype):
-        cell = linear.ProjectionLayer.Params().Set(
-            input_dims=8, output_dims=8, activation="RELU", fprop_dtype=dtype
-        )
-        p = gpipe.PipeliningLayer.Params().Set(
-            name="pipe", cell_tpl=[cell.Copy() for _ in range(4)], num_stages=2,
-            num_micro_batches=4, input_shapes=([16, 8],),
-        )  # fmt: skip
-        report = p.Instantiate().PartitionReport()
+        report = Pipe(fprop_dtype=dtype).PartitionReport()
         assert report.memory_total is not None, report.memory_note
         return [s.memory.activations for s in report.stages]
 

@@ -63,17 +63,9 @@ def test_argument_errors():
 
 def test_explicit_counts_are_checked():
     assert partition.CheckCounts((2, 1), 3, 2) == [2, 1]
-    with pytest.raises(
-        ValueError,
-        match=r"explicit partition \[2, 2\] adds up to 4 cells, but "
-        r"cell_tpl has 3",
-    ):
+    with pytest.raises(ValueError, match=r"\[2, 2\] adds up to 4 cells, but cell_tpl has 3"):
         partition.CheckCounts([2, 2], 3, 2)
-    with pytest.raises(
-        ValueError,
-        match=r"explicit partition \[3\] has 1 stage\(s\), expected "
-        r"num_stages=2",
-    ):
+    with pytest.raises(ValueError, match=r"\[3\] has 1 stage\(s\), expected num_stages=2"):
         partition.CheckCounts([3], 3, 2)
     with pytest.raises(ValueError, match="every stage needs a positive number of cells"):
         partition.CheckCounts([3, 0], 3, 2)
