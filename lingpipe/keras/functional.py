@@ -138,6 +138,11 @@ class Pipeline(model_base.PipelineModel):
     @classmethod
     def from_config(cls, config: dict, custom_objects: Any = None) -> Pipeline:
         config = dict(config)
+        # Before the inner model is rebuilt: that starts TensorFlow, after which a fresh
+        # process can no longer split its CPU into the stages' logical devices.
+        model_base.EnsureDevices(
+            config.get("num_stages", 1), config.get("devices"), "lingpipe.keras.Pipeline"
+        )
         model = keras.saving.deserialize_keras_object(
             config.pop("model"), custom_objects=custom_objects
         )

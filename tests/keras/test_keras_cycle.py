@@ -234,7 +234,12 @@ _LOAD = """
     import sys
     import keras
     import numpy as np
-    import lingpipe.keras  # registers PipelinedSequential
+    import lingpipe.keras  # registers PipelinedSequential and Pipeline
+    # The Functional Pipeline first: its inner model must not start TensorFlow before
+    # the 2 logical devices are made.
+    pipe = keras.models.load_model(sys.argv[1] + "/pipeline.keras")
+    x = np.load(sys.argv[1] + "/x.npy")
+    np.save(sys.argv[1] + "/loaded_pipeline.npy", pipe.predict(x, verbose=0))
     model = keras.models.load_model(sys.argv[1] + "/model.keras")
     np.save(sys.argv[1] + "/loaded.npy", model.predict(np.load(sys.argv[1] + "/x.npy"), verbose=0))
     print("DEVICES:", model.pipeline.devices)
@@ -266,6 +271,12 @@ def test_save_load_export_and_serve_in_fresh_processes(tmp_path):
     np.save(tmp_path / "x.npy", x)
     expected = model.predict(x, verbose=0)
     model.save(str(tmp_path / "model.keras"))
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(6, activation="relu")(inputs)
+    base = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Add()([hidden, hidden])))
+    pipe = lpk.Pipeline(base, num_stages=2, num_micro_batches=2)
+    expected_pipeline = pipe.predict(x, verbose=0)
+    pipe.save(str(tmp_path / "pipeline.keras"))
     model.export(str(tmp_path / "exported"), verbose=False)
     tf.saved_model.save(model, str(tmp_path / "saved_model"))
 
@@ -281,6 +292,8 @@ def test_save_load_export_and_serve_in_fresh_processes(tmp_path):
     out = _RunScript(_LOAD, tmp_path)  # a fresh process makes the 2 devices it needs
     assert "DEVICES: ['/device:CPU:0', '/device:CPU:1']" in out, out
     np.testing.assert_allclose(np.load(tmp_path / "loaded.npy"), expected, atol=1e-6)
+    loaded = np.load(tmp_path / "loaded_pipeline.npy")
+    np.testing.assert_allclose(loaded, expected_pipeline, atol=1e-6)
 
 
 def test_saved_model_signature_of_dict_inputs_is_named_after_their_keys(tmp_path):
