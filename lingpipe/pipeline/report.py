@@ -14,21 +14,12 @@ every device, as on CPU).
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 
+from lingpipe.cluster import HostOf
 from lingpipe.pipeline import memory as memory_lib
 
 MIB = 1024 * 1024
-
-_TASK = re.compile(r"/job:([^/]+)/replica:\d+/task:(\d+)")
-
-
-def Host(device: str) -> str:
-    """The host of a device name: 'worker 1' for '/job:worker/replica:0/task:1/device:CPU:0',
-    'local' for a device of this process ('/device:CPU:1')."""
-    match = _TASK.search(device)
-    return f"{match.group(1)} {match.group(2)}" if match else "local"
 
 
 @dataclasses.dataclass
@@ -90,7 +81,7 @@ class PartitionReport:
         boundary sizes are unknown)."""
         out: list[int | None] = []
         for s, after in zip(self.stages, self.stages[1:] + [None]):
-            if after is None or Host(s.device) == Host(after.device):
+            if after is None or HostOf(s.device) == HostOf(after.device):
                 out.append(0)
             elif s.boundary_bytes is None:
                 out.append(None)
@@ -100,7 +91,7 @@ class PartitionReport:
 
     @property
     def num_hosts(self) -> int:
-        return len({Host(s.device) for s in self.stages})
+        return len({HostOf(s.device) for s in self.stages})
 
     @property
     def imbalance(self) -> float:
