@@ -38,10 +38,14 @@ _CU_INIT = re.compile(r"^E\d{4} .*\] failed call to cuInit: ")
 # TensorFlow Python log lines about lingpipe's design, not about the user's run:
 # under `mirrored` each replica's gradients are reduced onto that replica's own
 # copies of the weights (one task per replica), so destinations always differ; and
-# connecting to the stage hosts (`hosts`) dumps its SessionOptions proto (20 lines).
+# connecting to the stage hosts (`hosts`) dumps its SessionOptions proto (20 lines);
+# saving a SavedModel (`--mode=export`) reports renaming captured variables' inner
+# names and writing its fingerprint file.
 NOISE = (
     re.compile(r"^Efficient batch_reduce is not supported if destinations are different"),
     re.compile(r"^default session config: "),
+    re.compile(r"^Function `\w+` contains input name\(s\) .* unsupported characters"),
+    re.compile(r"^Writing fingerprint to "),
 )
 
 

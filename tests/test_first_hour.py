@@ -179,18 +179,26 @@ def test_tensorflow_log_noise_is_dropped_and_others_kept():
 
     loggers = [tf.get_logger(), absl_logging.get_absl_logger()]
     handler = Keep()
+    levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
     try:
         tf_logs.QuietPythonWarnings()
         for logger in loggers:
             logger.warning("Efficient batch_reduce is not supported if destinations are different.")
             # tensorflow/python/eager/remote.py, connecting to the stage hosts:
             logger.warning("default session config: %s", 'device_count {\n  key: "GPU"\n}')
+            logger.info(
+                "Function `Serve` contains input name(s) resource with unsupported characters "
+                "which will be renamed to f_s1_mb0_readvariableop_resource in the SavedModel."
+            )
+            logger.info("Writing fingerprint to /tmp/lp/export/400/fingerprint.pb")
             logger.warning("something else")
     finally:
-        for logger in loggers:
+        for logger, level in zip(loggers, levels):
             logger.removeHandler(handler)
+            logger.setLevel(level)
     assert seen == ["something else"] * 2
 
 
