@@ -40,12 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ScheduleError, OSError) as e:
         print(f"lingpipe.pipeline.schedule: error: {e}")
         return 2
-    print(simulate.Grid(sched, sim))
-    print()
-    print(simulate.Figures(sched, sim))
+    print(simulate.Grid(sched, sim), simulate.Figures(sched, sim), sep="\n\n")
     if args.list:
-        print()
-        print(sched)
+        print(f"\n{sched}")
     if args.png:
         from lingpipe.pipeline import plot  # matplotlib and TensorFlow only when drawing
 
