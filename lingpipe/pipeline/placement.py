@@ -10,10 +10,8 @@ replica of K cores places work by annotating tensors with a logical core
 
 every stage's forward outputs and the gradients its backward returns are annotated
 with `assign(tensor, k)`, k being the index of the stage's device in `stage_devices`
-(one entry per pipeline device); XLA places the ops that produce them on logical
-core k. Which device runs a stage is the schedule's to say (`sched.DeviceOf(stage)`:
-a V-shaped schedule's stages 0 and 2K-1 share core 0). Outside the context
-`Annotate` returns its tensors as they are.
+(one entry per pipeline device; `sched.DeviceOf(stage)` says which), and XLA places
+the ops that produce them on logical core k. Outside, tensors are left as they are.
 """
 
 from __future__ import annotations
