@@ -124,12 +124,10 @@ def _SavedBy(graph: tf.Graph, first_grad_op: int, forward: set) -> dict:
     return saved
 
 
-def _TraceInGraph(parent_p: hyperparams.Params, cell_p: Any, in_specs: tuple) -> CellMemory:
+def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
     graph = tf.Graph()
     with graph.as_default():
-        p = base_layer.BaseLayer.CopyBaseParams(parent_p, cell_p.Copy())
-        p.name = p.name or "cell"
-        cell = p.Instantiate()
+        cell = p.Set(name=p.name or "cell").Instantiate()
         inputs = tf.nest.map_structure(_Placeholder, in_specs)
         outputs = cell.FProp(cell.theta, *inputs)
         flat_in = [x for x in tf.nest.flatten(inputs) if x.dtype.is_floating]
@@ -167,9 +165,10 @@ def TraceCell(parent_p: hyperparams.Params, cell_p: Any, in_specs: tuple) -> Cel
     is thrown away; identical cells on identical inputs are traced once."""
     shapes = tf.nest.map_structure(lambda s: (s.shape.as_list(), s.dtype.name), in_specs)
     # The cell as the parent builds it: what it inherits is in its own params.
-    key = (base_layer.BaseLayer.CopyBaseParams(parent_p, cell_p.Copy()).ToText(), repr(shapes))
+    p = base_layer.BaseLayer.CopyBaseParams(parent_p, cell_p.Copy())
+    key = (p.ToText(), repr(shapes))
     if key not in _TRACES:
-        _TRACES[key] = _TraceInGraph(parent_p, cell_p, in_specs)
+        _TRACES[key] = _TraceInGraph(p, in_specs)
     return _TRACES[key]
 
 
