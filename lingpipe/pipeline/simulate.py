@@ -132,9 +132,8 @@ def Simulate(s: Schedule, costs: dict[str, float] | None = None) -> Simulation:
     end: dict[Action, float] = {}
     free = [0.0] * s.num_devices
     heads = [0] * s.num_devices
-    order: list[Action] = []
     while len(end) < sum(len(a) for a in s.device_actions):
-        moved = False
+        ran = len(end)
         for d, acts in enumerate(s.device_actions):
             while heads[d] < len(acts):
                 a = acts[heads[d]]
@@ -143,15 +142,13 @@ def Simulate(s: Schedule, costs: dict[str, float] | None = None) -> Simulation:
                     break
                 start[a] = max([free[d]] + [end[x] for x in deps])
                 end[a] = free[d] = start[a] + costs[a.kind]
-                order.append(a)
                 heads[d] += 1
-                moved = True
-        if not moved:
+        if len(end) == ran:
             _RaiseDeadlock(s, kinds, heads, start, end)
     makespan = max(end.values(), default=0.0)
     busy = [sum(costs[a.kind] for a in acts) for acts in s.device_actions]
     idle = [1.0 - b / makespan if makespan else 0.0 for b in busy]
-    order.sort(key=lambda a: (start[a], s.DeviceOf(a.stage)))
+    order = sorted(start, key=lambda a: (start[a], s.DeviceOf(a.stage)))  # stable: ties as run
     peaks, device_peaks = _PeakAlive(s, start, end)
     return Simulation(start, end, makespan, idle, peaks, order, device_peaks)
 
