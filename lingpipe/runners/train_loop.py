@@ -23,9 +23,7 @@ import dataclasses
 import hashlib
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -37,6 +35,9 @@ from absl import logging
 from lingpipe.models import base_task
 from lingpipe.nested_map import NestedMap
 from lingpipe.runners import checkpointer, progress, rundir, step_deadline
+
+# Re-exported: the trainer and tests name them as train_loop's.
+from lingpipe.runners.stop_signals import StopBeforeSteps, Stopped, StopSignals  # noqa: F401
 
 # The run's first step traces the step function: its deadline is this many times longer.
 FIRST_STEP_FACTOR = 5
@@ -336,93 +337,6 @@ def Fingerprint(task: base_task.BaseTask) -> str:
 
 def _Scalars(metrics: NestedMap) -> dict[str, float]:
     return {name: float(value) for name, (value, _) in sorted(metrics.items())}
-
-
-class Stopped(RuntimeError):
-    """Training stopped on SIGTERM or SIGINT after saving a checkpoint (the message says
-    which, at what step, and that rerunning the same command resumes)."""
-
-
-def _InFinalizer(frame) -> bool:
-    """Whether `frame` runs inside a `__del__` (TensorFlow deletes its resources there)."""
-    while frame is not None:
-        if frame.f_code.co_name == "__del__":
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _Raise(error: BaseException, signum: int, frame) -> None:
-    """Raises `error` from a signal handler, unless the signal interrupted a `__del__`:
-    Python would print the error there as 'Exception ignored in ...' and drop it. Then
-    the signal is sent again shortly, to be handled outside the finalizer."""
-    if _InFinalizer(frame):
-        threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
-        return
-    raise error
-
-
-class StopBeforeSteps:
-    """While entered (from taking the logdir's lock to the train loop's StopSignals),
-    SIGTERM and SIGINT end the run at once with Stopped: no step has run, so there is
-    nothing to save, and the lock is released on the way out. Outside the main thread,
-    nothing is caught."""
-
-    def __init__(self) -> None:
-        self._previous: dict[int, Any] = {}
-
-    def _Handle(self, signum: int, frame) -> None:
-        name = signal.Signals(signum).name
-        _Raise(
-            Stopped(
-                f"Stopped by {name} before any step ran; the checkpoints are as they were; "
-                "rerun the same command to resume"
-            ),
-            signum,
-            frame,
-        )
-
-    def __enter__(self) -> StopBeforeSteps:
-        if threading.current_thread() is threading.main_thread():
-            for s in StopSignals.SIGNALS:
-                self._previous[s] = signal.signal(s, self._Handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous.clear()
-
-
-class StopSignals:
-    """While entered, SIGTERM and SIGINT ask the loop to stop after the current step.
-
-    A second signal of either kind gives up at once (KeyboardInterrupt). Outside the
-    main thread, where Python cannot set handlers, nothing is caught.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.received: str | None = None  # the name of the first signal
-        self._previous: dict[int, Any] = {}
-
-    def _Handle(self, signum: int, frame) -> None:
-        # Only a flag: logging here could deadlock on a lock the interrupted code holds.
-        if self.received is not None:
-            _Raise(KeyboardInterrupt(), signum, frame)
-        self.received = signal.Signals(signum).name
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for s in self.SIGNALS:
-                self._previous[s] = signal.signal(s, self._Handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous.clear()
 
 
 class Trainer:

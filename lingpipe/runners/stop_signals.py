@@ -1,0 +1,104 @@
+"""Signals while a run runs: SIGTERM and SIGINT stop it cleanly, never half-way.
+
+    with StopSignals() as signals:        # the train loop: stop after the current step
+      ... if signals.received: save, raise Stopped(...)
+    with StopBeforeSteps():               # from the lock to the loop: stop at once
+
+A second signal raises KeyboardInterrupt (the trainer exits 130), except inside a
+finalizer (`__del__`), where Python would print it as 'Exception ignored in ...' and
+drop it: there the signal is sent again just after (`_Raise`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+
+class Stopped(RuntimeError):
+    """Training stopped on SIGTERM or SIGINT after saving a checkpoint (the message says
+    which, at what step, and that rerunning the same command resumes)."""
+
+
+def _InFinalizer(frame) -> bool:
+    """Whether `frame` runs inside a `__del__` (TensorFlow deletes its resources there)."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _Raise(error: BaseException, signum: int, frame) -> None:
+    """Raises `error` from a signal handler, unless the signal interrupted a `__del__`:
+    Python would print the error there as 'Exception ignored in ...' and drop it. Then
+    the signal is sent again shortly, to be handled outside the finalizer."""
+    if _InFinalizer(frame):
+        threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+        return
+    raise error
+
+
+class StopBeforeSteps:
+    """While entered (from taking the logdir's lock to the train loop's StopSignals),
+    SIGTERM and SIGINT end the run at once with Stopped: no step has run, so there is
+    nothing to save, and the lock is released on the way out. Outside the main thread,
+    nothing is caught."""
+
+    def __init__(self) -> None:
+        self._previous: dict[int, Any] = {}
+
+    def _Handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        _Raise(
+            Stopped(
+                f"Stopped by {name} before any step ran; the checkpoints are as they were; "
+                "rerun the same command to resume"
+            ),
+            signum,
+            frame,
+        )
+
+    def __enter__(self) -> StopBeforeSteps:
+        if threading.current_thread() is threading.main_thread():
+            for s in StopSignals.SIGNALS:
+                self._previous[s] = signal.signal(s, self._Handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
+
+
+class StopSignals:
+    """While entered, SIGTERM and SIGINT ask the loop to stop after the current step.
+
+    A second signal of either kind gives up at once (KeyboardInterrupt). Outside the
+    main thread, where Python cannot set handlers, nothing is caught.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: str | None = None  # the name of the first signal
+        self._previous: dict[int, Any] = {}
+
+    def _Handle(self, signum: int, frame) -> None:
+        # Only a flag: logging here could deadlock on a lock the interrupted code holds.
+        if self.received is not None:
+            _Raise(KeyboardInterrupt(), signum, frame)
+        self.received = signal.Signals(signum).name
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._previous[s] = signal.signal(s, self._Handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
