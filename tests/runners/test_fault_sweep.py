@@ -525,3 +525,14 @@ def test_a_negative_step_timeout_is_refused(capsys, tmp_path):
     _AssertRefused(
         status, lines, "--step_timeout_s: expected seconds >= 0 (0: no limit), received -1"
     )
+
+
+def test_eval_and_export_of_a_glob_named_logdir(capsys, tmp_path):
+    logdir = tmp_path / "lr[0.1]"
+    _SaveOneCheckpoint(logdir)
+    status, lines = _Main(capsys, f"--logdir={logdir}", "--mode=eval")
+    assert status == 0, lines
+    assert json.loads((logdir / "eval_dev.json").read_text())["step"] == 1
+    status, lines = _Main(capsys, f"--logdir={logdir}", "--mode=export")
+    assert status == 0, lines
+    assert (logdir / "export" / "1" / "saved_model.pb").exists()
