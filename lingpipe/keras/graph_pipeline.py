@@ -24,7 +24,6 @@ embedding) keeps one variable, and its gradient is the sum of both stages'.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from types import SimpleNamespace
 from typing import Any
 
 import keras
@@ -33,10 +32,10 @@ from keras.src.models import functional as keras_functional
 
 from lingpipe import asserts, base_layer, cluster, seeds
 from lingpipe.keras import graph as graph_lib
-from lingpipe.layers import gpipe
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import executor, generators, micro_batch, schedule
-from lingpipe.pipeline.stage_context import Entered, StageContext
+from lingpipe.pipeline import executor, generators, micro_batch, schedule, under_tape
+from lingpipe.pipeline import remat as remat_lib
+from lingpipe.pipeline.stage_context import StageContext
 
 
 def _Unique(items: list) -> list:
@@ -71,7 +70,7 @@ class GraphPipeline:
     ) -> None:
         self._where = where
         asserts.Positive(num_micro_batches, "num_micro_batches", where=where)
-        asserts.In(remat, gpipe.REMAT_POLICIES, "remat", where=where)
+        asserts.In(remat, remat_lib.POLICIES, "remat", where=where)
         self._num_micro_batches, self._schedule_name, self._remat = (
             num_micro_batches,
             schedule,
@@ -253,67 +252,52 @@ class GraphPipeline:
             merged = self._Differentiable(list(tf.nest.flatten(theta)), flat, sizes, states)
             self._ApplyStates(states)
             return self._PackOutputs(merged)
-        runs = [self._StageRun(s, False, None) for s in range(len(self._devices))]
-        weights, context = self._StageWeights(theta), self._Contexts()
-        with tf.device(self._devices[0]):
-            state = micro_batch.Split(flat, sizes, 0)
-        for tick in generators.ForwardTicks(len(self._devices), len(sizes)):
-            for s, m in tick:
-                with Entered(context(s, m)), tf.name_scope(f"F_s{s}_mb{m}"):
-                    state[m] = runs[s](weights[s], state[m])
-        with tf.device(self._devices[-1]):
-            merged = micro_batch.Merge(list(state), sizes, 0) if len(sizes) > 1 else state[0]
-        return self._PackOutputs(merged)
+        sched = self.Schedule(len(sizes), "forward_only")
+        stages = [
+            executor.Stage(w, self._StageRun(s, False, None))
+            for s, w in enumerate(self._StageWeights(theta))
+        ]
+        keep = lambda s, m: False  # noqa: E731 (nothing to keep: no backward)
+        step = executor.Forward(sched, stages, self._Split(flat, sizes), keep, self._Contexts())
+        return self._PackOutputs(self._Merge(step.Outputs(), sizes))
+
+    def _Split(self, flat: tuple, sizes: list) -> list:
+        with tf.device(self._devices[0]), tf.name_scope("split"):
+            return micro_batch.Split(flat, sizes, 0)
+
+    def _Merge(self, micro_outputs: list, sizes: list) -> Any:
+        with tf.device(self._devices[-1]), tf.name_scope("merge"):
+            return micro_batch.Merge(micro_outputs, sizes, 0)
 
     def _Differentiable(self, theta: list, flat: tuple, sizes: list, states: dict) -> tuple:
-        """Fill-drain forwards as one tf.custom_gradient over (theta, inputs) -> the last
-        stage's outputs merged; its gradient is the executor's backwards."""
+        """Fill-drain forwards as one custom gradient over (theta, inputs) -> the last
+        stage's outputs merged; its gradient is the executor's backwards
+        (lingpipe.pipeline.under_tape)."""
         sched = self.Schedule(len(sizes), "gpipe")
-        kept = self.KeptActivations(sched)
+        kept = remat_lib.Kept(sched, self._remat)
         n = len(theta)
-        structure = []
 
-        @tf.custom_gradient
-        def Pipelined(*tensors):
-            th, args = list(tensors[:n]), tuple(tensors[n:])
+        def Forward(tensors: list) -> tuple:
             stages = [
                 executor.Stage(w, self._StageRun(s, True, states))
-                for s, w in enumerate(self._StageWeights(th))
+                for s, w in enumerate(self._StageWeights(tensors[:n]))
             ]
-            with tf.device(self._devices[0]), tf.name_scope("split"):
-                micro = micro_batch.Split(args, sizes, 0)
+            micro = self._Split(tuple(tensors[n:]), sizes)
             step = executor.Forward(
                 sched, stages, micro, lambda s, m: (s, m) in kept, self._Contexts()
             )
-            with tf.device(self._devices[-1]):
-                merged = micro_batch.Merge(step.Outputs(), sizes, 0)
-            structure[:] = [merged]
+            return self._Merge(step.Outputs(), sizes), step
 
-            def Grad(*dys, variables=None):
-                # tf.gradients colocates a gradient with its op: each action enters its own.
-                with tf.compat.v1.get_default_graph().colocate_with(None, ignore_existing=True):
-                    return self._Backward(step, args, sizes, merged, dys, variables or [])
+        def Backward(step: Any, dys: Any) -> tuple[list, dict]:
+            with tf.device(self._devices[-1]), tf.name_scope("split_dy"):
+                micro_dys = micro_batch.SplitLike(dys, step.Outputs(), sizes, 0)
+            result = executor.Backward(step, micro_dys)
+            with tf.device(self._devices[0]), tf.name_scope("merge_dx"):
+                input_grads = micro_batch.MergeGradients(result.input_grads, flat, sizes, 0)
+            return self._SumGradients(result.weight_grads) + list(input_grads), result.extra_grads
 
-            return tf.nest.flatten(merged), Grad
-
-        read = []
-        for t in list(theta) + list(flat):
-            with tf.device(t.device if isinstance(t, tf.Variable) else None):
-                read.append(tf.convert_to_tensor(t))
-        with tf.device(self._devices[-1]):
-            out = Pipelined(*read)
-        return tf.nest.pack_sequence_as(structure[0], out)
-
-    def _Backward(self, step, args, sizes, merged, dys, variables) -> tuple[list, list]:
-        """Pipelined's gradient: (of theta and the inputs, of the variables it read)."""
-        dys = tf.nest.pack_sequence_as(merged, list(dys))
-        with tf.device(self._devices[-1]), tf.name_scope("split_dy"):
-            micro_dys = micro_batch.SplitLike(dys, step.Outputs(), sizes, 0)
-        result = executor.Backward(step, micro_dys)
-        with tf.device(self._devices[0]), tf.name_scope("merge_dx"):
-            input_grads = micro_batch.MergeGradients(result.input_grads, args, sizes, 0)
-        grads = self._SumGradients(result.weight_grads) + list(input_grads)
-        return grads, [result.extra_grads.get(v.ref()) for v in variables]
+        tensors = list(theta) + list(flat)
+        return under_tape.Differentiable(tensors, Forward, Backward, self._devices[-1])
 
     def _SumGradients(self, weight_grads: list[list]) -> list:
         """Aligned with .theta: each weight's gradient summed over the stages using it."""
@@ -334,9 +318,8 @@ class GraphPipeline:
         return [[by_ref[w.value.ref()] for w in ws] for ws in self._trainable]
 
     def KeptActivations(self, sched: schedule.Schedule) -> set:
-        """(stage, micro-batch) pairs whose activations are kept (as PipeliningLayer's)."""
-        like = SimpleNamespace(params=SimpleNamespace(remat=self._remat))
-        return gpipe.PipeliningLayer.KeptActivations(like, sched)
+        """(stage, micro-batch) pairs whose activations are kept under remat."""
+        return remat_lib.Kept(sched, self._remat)
 
     def ForwardBackward(
         self,

@@ -51,15 +51,16 @@ from lingpipe.pipeline import (
     micro_batch,
     partition,
     placement,
+    remat,
     schedule,
+    under_tape,
     xla,
 )
 from lingpipe.pipeline import report as report_lib
-from lingpipe.pipeline.schedule import BACKWARD, FORWARD, Action
 from lingpipe.pipeline.stage_context import StageContext
 
 PARTITION_POLICIES = ("uniform", "flops", "params", "profile")
-REMAT_POLICIES = ("always", "except_last", "never")
+REMAT_POLICIES = remat.POLICIES
 
 
 class PipeliningLayer(base_layer.BaseLayer):
@@ -439,20 +440,9 @@ class PipeliningLayer(base_layer.BaseLayer):
     def _FillDrain(self, micro: int, backward: bool = True) -> schedule.Schedule:
         """What FProp runs: every forward, then (under a tape) every backward, over the
         placement of p.schedule; without backwards the forward-only schedule."""
-        pl, k = self._placement, self.params.num_stages
-        loop = pl.stage_devices == tuple(s % k for s in range(pl.num_stages))
-        if not backward and loop:
-            return generators.Make("forward_only", k, micro, pl.num_stages // k)
-        acts = []
-        for d in range(k):
-            stages = pl.StagesOf(d)
-            acts.append([Action(FORWARD, s, m) for s in stages for m in range(micro)])
-            if backward:
-                acts[-1] += [
-                    Action(BACKWARD, s, m) for s in stages[::-1] for m in range(micro)[::-1]
-                ]
+        pl = self._placement
         name = "gpipe" if backward else "forward_only"
-        return schedule.Schedule(name, k, pl.num_stages, micro, acts, pl.stage_devices)
+        return generators.BreadthFirst(name, pl.num_devices, micro, placement=pl.stage_devices)
 
     def _Work(self, theta: NestedMap, args: tuple, sizes: list, sched: schedule.Schedule) -> tuple:
         """executor.Forward's arguments after the schedule: stages, micro-batches, keep, context."""
@@ -473,54 +463,32 @@ class PipeliningLayer(base_layer.BaseLayer):
     def _Differentiable(self, theta: NestedMap, args: tuple, sizes: list) -> Any:
         """The fill-drain forwards, as one custom gradient whose gradient runs the
         executor's backwards from the outputs' gradient, each on its stage's device."""
+        p = self.params
         sched = self._FillDrain(len(sizes))
         flat = tf.nest.flatten((theta, args))
         pos = [i for i, x in enumerate(flat) if isinstance(x, (tf.Tensor, tf.Variable))]
-        structure = []
 
-        @tf.custom_gradient
-        def Pipelined(*tensors):
+        def Forward(tensors: list) -> tuple:
             leaves = list(flat)
             for i, t in zip(pos, tensors):
                 leaves[i] = t
             th, a = tf.nest.pack_sequence_as((theta, args), leaves)
             step = executor.Forward(sched, *self._Work(th, a, sizes, sched))
-            micro_out = step.Outputs()
-            outputs = self._Merged(micro_out, sizes)
-            structure[:] = [outputs]
+            return self._Merged(step.Outputs(), sizes), (step, th, a)
 
-            def Grad(*dys, variables=None):
-                # tf.gradients colocates a gradient with its op: undo it, each action
-                # enters its own device.
-                with tf.compat.v1.get_default_graph().colocate_with(None, ignore_existing=True):
-                    dys = tf.nest.pack_sequence_as(outputs, list(dys))
-                    return self._Backward(step, th, a, sizes, dys, variables or [], tensors)
+        def Backward(state: tuple, dys: Any) -> tuple[list, dict]:
+            step, th, a = state
+            last = self.StageDevice(sched.num_stages - 1)
+            with tf.device(last), tf.name_scope("split_dy"):
+                micro_dys = micro_batch.SplitLike(dys, step.Outputs(), sizes, p.batch_dim)
+            result = executor.Backward(step, micro_dys)
+            with tf.device(self._devices[0]), tf.name_scope("merge_dx"):
+                input_grads = micro_batch.MergeGradients(result.input_grads, a, sizes, p.batch_dim)
+            grads = tf.nest.flatten((self._ThetaGrads(th, result), input_grads))
+            return [grads[i] for i in pos], result.extra_grads
 
-            return tf.nest.flatten(outputs), Grad
-
-        # Variables are read where they live; the custom gradient's identities go on
-        # the last stage, with the outputs.
-        read = [_ReadWhereItLives(flat[i]) for i in pos]
-        with tf.device(self.StageDevice(sched.num_stages - 1)):
-            flat_out = Pipelined(*read)
-        return tf.nest.pack_sequence_as(structure[0], flat_out)
-
-    def _Backward(self, step, theta, args, sizes, dys, variables, tensors) -> tuple[list, list]:
-        """Pipelined's gradient: (gradients of its tensors, of the variables it read)."""
-        p = self.params
-        with tf.device(self.StageDevice(step.sched.num_stages - 1)), tf.name_scope("split_dy"):
-            micro_dys = micro_batch.SplitLike(dys, step.Outputs(), sizes, p.batch_dim)
-        result = executor.Backward(step, micro_dys)
-        with tf.device(self._devices[0]), tf.name_scope("merge_dx"):
-            input_grads = micro_batch.MergeGradients(result.input_grads, args, sizes, p.batch_dim)
-        grads = tf.nest.flatten((self._ThetaGrads(theta, result), input_grads))
-        flat = tf.nest.flatten((theta, args))
-        pos = [i for i, x in enumerate(flat) if isinstance(x, (tf.Tensor, tf.Variable))]
-        out = []
-        for i, t in zip(pos, tensors):
-            g = grads[i]
-            out.append(None if g is None or not t.dtype.is_floating else tf.cast(g, t.dtype))
-        return out, [result.extra_grads.get(v.ref()) for v in variables]
+        device = self.StageDevice(sched.num_stages - 1)
+        return under_tape.Differentiable([flat[i] for i in pos], Forward, Backward, device)
 
     def _StageThetas(self, theta: NestedMap) -> list[NestedMap]:
         return [
@@ -552,35 +520,9 @@ class PipeliningLayer(base_layer.BaseLayer):
             raise ValueError(f"{self.path}: {e}") from None
 
     def KeptActivations(self, sched: schedule.Schedule) -> set[tuple[int, int]]:
-        """The (stage, micro-batch) pairs whose activations ForwardBackward keeps.
-
-        'never' keeps all, 'always' none; 'except_last' keeps, per stage, the
-        micro-batch whose backward follows its forward most closely on the device
-        (the latest one on a tie), provided no other backward runs on the device in
-        between: that backward would replay its own forward while the kept
-        activations are still held, two micro-batches' activations at once, more
-        than 'always' ever holds. Under GPipe every stage keeps its last micro-batch;
-        under 1F1B the last stage keeps its last (forward and backward adjacent) and
-        the others their first (only forwards run before its backward).
-        """
-        p = self.params
-        pairs = {(s, m) for s in range(sched.num_stages) for m in range(sched.num_micro_batches)}
-        if p.remat != "except_last" or not sched.has_backward:  # forward-only: no backward
-            return pairs if p.remat == "never" else set()
-        kept = set()
-        for acts in sched.device_actions:
-            where = {(a.kind, a.stage, a.micro_batch): i for i, a in enumerate(acts)}
-            backs = [i for i, a in enumerate(acts) if a.kind in ("B", "I")]
-            for stage in {a.stage for a in acts}:
-                gaps = []
-                for m in range(sched.num_micro_batches):
-                    fwd = where[("F", stage, m)]
-                    back = where.get(("B", stage, m), where.get(("I", stage, m)))
-                    if not any(fwd < i < back for i in backs):
-                        gaps.append((back - fwd, -m))
-                if gaps:
-                    kept.add((stage, -min(gaps)[1]))
-        return kept
+        """The (stage, micro-batch) pairs whose activations are kept under p.remat
+        (lingpipe.pipeline.remat.Kept)."""
+        return remat.Kept(sched, self.params.remat)
 
     def ForwardBackward(
         self,
@@ -663,11 +605,3 @@ class PipeliningLayer(base_layer.BaseLayer):
     @classmethod
     def FPropMeta(cls, p: hyperparams.Params, *input_shapes: Any) -> NestedMap:
         return sequential.ChainMeta(p, p.cell_tpl, input_shapes)
-
-
-def _ReadWhereItLives(x: Any) -> Any:
-    """A variable's value, read on its device (a tensor as it is)."""
-    if not isinstance(x, tf.Variable):
-        return x
-    with tf.device(x.device):
-        return tf.convert_to_tensor(x)

@@ -378,11 +378,12 @@ def Backward(step: _Step, output_grads: Sequence[Any]) -> Result:
 
 
 def _Named(error: Exception, sched: Schedule, action: Any, device: str) -> Exception:
-    """`error` again, its message naming `action` and showing its device's list."""
+    """`error` again, its message naming `action` and showing its device's list, in one
+    line (the trainer's errors are one line each)."""
     d = sched.DeviceOf(action.stage)
     listed = ", ".join(f">> {a} <<" if a == action else str(a) for a in sched.device_actions[d])
     message = (
-        f"pipeline: {action} on device {d} ({device}) failed: {type(error).__name__}: {error}\n"
+        f"pipeline: {action} on device {d} ({device}) failed: {type(error).__name__}: {error}; "
         f"device {d} of schedule {sched.name!r} runs: {listed}"
     )
     if isinstance(error, tf.errors.OpError):

@@ -303,11 +303,3 @@ def IsCsvPath(spec: str | os.PathLike) -> bool:
     """Whether `spec` names a CSV file (an existing file, or a name ending in .csv)."""
     text = os.fspath(spec)
     return os.path.isfile(text) or text.lower().endswith(".csv")
-
-
-def ForwardTicks(num_stages: int, num_micro_batches: int) -> list[list[tuple[int, int]]]:
-    """Fill-drain forward clock ticks: ticks[t] lists the (stage, micro_batch) pairs of t."""
-    return [
-        [(k, t - k) for k in range(num_stages) if 0 <= t - k < num_micro_batches]
-        for t in range(num_stages + num_micro_batches - 1)
-    ]

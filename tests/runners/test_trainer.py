@@ -256,6 +256,7 @@ def test_inspect_params_prints_the_overridden_params():
         (
             ["--params_override=input.seq_len : 128"],
             r"the Train input's batches \(ids: \[32, 128\].* do not fit the model: "
+            r"pipeline: F s0 mb0 on device 0 .* failed: ValueError: "
             r"lm/pipeline/cell_0: expected sequences of at most max_len=64 tokens",
         ),
     ],

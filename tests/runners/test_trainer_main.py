@@ -64,7 +64,8 @@ def _AssertRefused(status, lines, message):
         (
             ["--params_override=input.seq_len : 128"],
             "the Train input's batches (ids: [32, 128], labels: [32, 128], paddings: [32, 128], "
-            "weights: [32, 128] per replica) do not fit the model: lm/pipeline/cell_0: expected "
+            "weights: [32, 128] per replica) do not fit the model: pipeline: F s0 mb0 on "
+            "device 0 (/device:CPU:0) failed: ValueError: lm/pipeline/cell_0: expected "
             "sequences of at most max_len=64 tokens, received ids.shape=[16, 128]",
         ),
         (["--mode=eval"], "--mode=eval: no checkpoint in"),
