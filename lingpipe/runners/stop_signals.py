@@ -11,6 +11,7 @@ drop it: there the signal is sent again just after (`_Raise`).
 
 from __future__ import annotations
 
+import abc
 import os
 import signal
 import threading
@@ -41,14 +42,37 @@ def _Raise(error: BaseException, signum: int, frame) -> None:
     raise error
 
 
-class StopBeforeSteps:
+class _Handlers(abc.ABC):
+    """Installs `_Handle` for SIGTERM and SIGINT while entered, restoring the previous
+    handlers on exit. Outside the main thread, where Python cannot set handlers,
+    nothing is caught."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self._previous: dict[int, Any] = {}
+
+    @abc.abstractmethod
+    def _Handle(self, signum: int, frame) -> None:
+        """What a signal does (a signal handler: it runs between two bytecodes)."""
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._previous[s] = signal.signal(s, self._Handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
+
+
+class StopBeforeSteps(_Handlers):
     """While entered (from taking the logdir's lock to the train loop's StopSignals),
     SIGTERM and SIGINT end the run at once with Stopped: no step has run, so there is
     nothing to save, and the lock is released on the way out. Outside the main thread,
     nothing is caught."""
-
-    def __init__(self) -> None:
-        self._previous: dict[int, Any] = {}
 
     def _Handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
@@ -61,44 +85,20 @@ class StopBeforeSteps:
             frame,
         )
 
-    def __enter__(self) -> StopBeforeSteps:
-        if threading.current_thread() is threading.main_thread():
-            for s in StopSignals.SIGNALS:
-                self._previous[s] = signal.signal(s, self._Handle)
-        return self
 
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous.clear()
-
-
-class StopSignals:
+class StopSignals(_Handlers):
     """While entered, SIGTERM and SIGINT ask the loop to stop after the current step.
 
     A second signal of either kind gives up at once (KeyboardInterrupt). Outside the
     main thread, where Python cannot set handlers, nothing is caught.
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
     def __init__(self) -> None:
+        super().__init__()
         self.received: str | None = None  # the name of the first signal
-        self._previous: dict[int, Any] = {}
 
     def _Handle(self, signum: int, frame) -> None:
         # Only a flag: logging here could deadlock on a lock the interrupted code holds.
         if self.received is not None:
             _Raise(KeyboardInterrupt(), signum, frame)
         self.received = signal.Signals(signum).name
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for s in self.SIGNALS:
-                self._previous[s] = signal.signal(s, self._Handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous.clear()
