@@ -110,6 +110,8 @@ def OutputShape(layer: keras.layers.Layer, shape: tuple) -> tuple:
     try:
         out = layer.compute_output_shape(shape)
     except NotImplementedError:
+        # Keras' base Layer raises this where a layer does not define its output shape;
+        # tracing the layer on a symbolic KerasTensor gives the shape for any layer.
         out = layer.compute_output_spec(keras.KerasTensor(shape)).shape
     return tuple(out)
 
