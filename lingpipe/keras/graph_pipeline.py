@@ -164,18 +164,20 @@ class GraphPipeline:
         return self._cut.Report(self._devices, batch_size)
 
     def Schedule(self, num_micro_batches: int, name: str | None = None) -> schedule.Schedule:
-        """The schedule ForwardBackward follows (or `name`); one stage per device only."""
+        """The schedule ForwardBackward follows (or `name`): a name, a Schedule value or
+        a CSV path (generators.Resolve), with stage s on device s."""
         num_devices = len(self._devices)
         try:
-            sched = generators.Make(name or self._schedule_name, num_devices, num_micro_batches)
+            sched = generators.Resolve(name or self._schedule_name, num_devices, num_micro_batches)
         except schedule.ScheduleError as e:
             raise ValueError(f"{self._where}: {e}") from None
-        if sched.num_stages != num_devices:
+        if sched.stage_devices != tuple(range(num_devices)):
             raise ValueError(
-                f"{self._where}: schedule={self._schedule_name!r} runs {sched.num_stages} "
+                f"{self._where}: schedule={sched.name!r} runs {sched.num_stages} "
                 f"stages on {num_devices} devices, expected a schedule of one stage per "
-                "device ('gpipe', '1f1b', 'zero_bubble', ...): a Keras graph is cut into "
-                "num_stages stages"
+                "device, stage s on device s ('gpipe', '1f1b', 'zero_bubble', ...): a Keras "
+                f"graph is cut into num_stages stages; its placement is "
+                f"{list(sched.stage_devices)}"
             )
         return sched
 

@@ -145,3 +145,26 @@ def test_custom_training_loop_under_a_tape(remat):
         np.testing.assert_allclose(g.numpy(), r.numpy(), atol=1e-5, err_msg=w.path)
     for a, b in zip(model.non_trainable_weights, plain.non_trainable_weights):
         np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-6, err_msg=a.path)
+
+
+def test_schedule_given_as_a_value_or_a_csv_file(tmp_path):
+    """schedule= takes a Schedule value or a CSV path in torch's format, as names do."""
+    from lingpipe.pipeline import generators, schedule
+
+    x, y = _Data()
+
+    def Fit(sched):
+        pipe = lpk.Pipeline(
+            _DropoutNet(), num_stages=2, num_micro_batches=4, schedule=sched, devices=DEVICES
+        )
+        pipe.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        pipe.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        return pipe.get_weights()
+
+    want = Fit("1f1b")
+    value = generators.Make("1f1b", 2, 4)
+    path = tmp_path / "one_f_one_b.csv"
+    path.write_text(schedule.ToCsv(value))
+    for given in (value, str(path)):
+        for a, b in zip(Fit(given), want):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
