@@ -24,6 +24,7 @@ Build fills the slots when Build creates them.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable, Sequence
 
@@ -109,6 +110,17 @@ def _WithoutModelVariables(trackable_children: Callable) -> Callable:
 
 class BaseOptimizer(tf.Module):
     """An optimizer from params: `Build(variables)` once, then `Apply` every step."""
+
+    # Weight-sized slots kept per trainable weight (Adam's m and v: 2); None: not said.
+    slots_per_weight: int | None = None
+
+    @classmethod
+    def SlotElements(cls, shapes: Sequence[Sequence[int]]) -> int | None:
+        """Elements of the slots kept for trainable weights of these shapes (for memory
+        estimates: times the weights' bytes per element); None if the class does not say."""
+        if cls.slots_per_weight is None:
+            return None
+        return cls.slots_per_weight * sum(math.prod(s) for s in shapes)
 
     @classmethod
     def Params(cls) -> hyperparams.InstantiableParams:
@@ -258,6 +270,8 @@ class BaseOptimizer(tf.Module):
 class SGD(BaseOptimizer):
     """Plain gradient descent: w -= lr * g."""
 
+    slots_per_weight = 0
+
     def _CreateKerasOptimizer(self, p: hyperparams.Params) -> keras.optimizers.Optimizer:
         return keras.optimizers.SGD(learning_rate=0.0, momentum=0.0, name=p.name)
 
@@ -267,6 +281,8 @@ class Momentum(BaseOptimizer):
 
     With Nesterov: m as above, then w += alpha * m - lr * g.
     """
+
+    slots_per_weight = 1  # m
 
     @classmethod
     def Params(cls) -> hyperparams.InstantiableParams:
@@ -289,6 +305,8 @@ class Momentum(BaseOptimizer):
 class Adam(BaseOptimizer):
     """Adam, Keras's form: m, v moving averages of g and g^2, then
     w -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + epsilon)."""
+
+    slots_per_weight = 2  # m and v
 
     @classmethod
     def Params(cls) -> hyperparams.InstantiableParams:
@@ -318,6 +336,16 @@ class Adafactor(BaseOptimizer):
     """Adafactor (Shazeer and Stern, 2018), Keras's form: the second moment of a
     variable of rank >= 2 is kept factored, as row and column means over its last
     two dims; updates are clipped by their RMS and scaled by the variable's RMS."""
+
+    @classmethod
+    def SlotElements(cls, shapes: Sequence[Sequence[int]]) -> int:
+        """A weight-sized slot per weight plus, for a weight of rank >= 2, its row means (all
+        dims but the last) and column means (all but the one before the last), as
+        _ColocatedAdafactor builds them."""
+        factored = sum(
+            math.prod(s[:-1]) + math.prod(s[:-2] + s[-1:]) for s in map(list, shapes) if len(s) >= 2
+        )
+        return sum(math.prod(s) for s in shapes) + factored
 
     @classmethod
     def Params(cls) -> hyperparams.InstantiableParams:

@@ -5,8 +5,8 @@ Per stage, four terms:
 - weights: every variable of the stage's cells (batch norm's moving statistics too).
 - gradients: the running sum of the trainable weights' gradient over micro-batches,
   one tensor per trainable weight.
-- optimizer slots: what the optimizer keeps per trainable weight (`SlotBytes`:
-  Adam 2 copies, Momentum 1, SGD 0, Adafactor 1 copy plus row and column means).
+- optimizer slots: what the optimizer keeps per trainable weight (`SlotBytes`, as
+  each lingpipe.optimizers class counts it: Adam 2 copies, Momentum 1, SGD 0, ...).
 - activations: what the step keeps alive for the backward, under the schedule and
   the remat policy: the largest sum over the schedule's simulated time of what each
   micro-batch holds (`ActivationEvents`: its inputs while alive, its full
@@ -32,7 +32,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from lingpipe import base_layer, hyperparams
+from lingpipe import base_layer, hyperparams, optimizers
 from lingpipe.pipeline import costs, simulate
 from lingpipe.pipeline.schedule import (
     BACKWARD,
@@ -46,8 +46,6 @@ from lingpipe.pipeline.schedule import (
 _VIEW_OPS = frozenset({"Reshape", "Identity", "ExpandDims", "Squeeze", "StopGradient", "Snapshot"})
 # Saved tensors that are not activations: the weights, constants.
 _NOT_ACTIVATIONS = frozenset({"ReadVariableOp", "Const", "VarHandleOp"})
-# Adam's m and v; Momentum's velocity; SGD keeps nothing (per trainable weight).
-_SLOTS_PER_WEIGHT = {"SGD": 0, "Momentum": 1, "Adam": 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,32 +193,25 @@ def SlotBytes(optimizer: Any, shapes: Sequence[Sequence[int]], dtype_size: int =
 
     Args:
       optimizer: None (no optimizer: 0), a number of weight-sized slots per weight
-        (Adam 2), or the params (or instance) of a lingpipe.optimizers class: SGD 0,
-        Momentum 1, Adam 2, Adafactor one weight-sized slot plus, for a weight of
-        rank >= 2, its row means (all dims but the last) and column means (all but
-        the one before the last), as lingpipe's Adafactor builds them.
+        (Adam 2), or the params (or instance) of a lingpipe.optimizers class, which
+        counts its slots (`SlotElements`).
       shapes: the trainable weights' shapes.
       dtype_size: bytes per element of the weights (and their slots).
     """
-    sizes = [math.prod(s) for s in shapes]
     if optimizer is None:
         return 0
     if isinstance(optimizer, (int, float)) and not isinstance(optimizer, bool):
-        return int(optimizer * sum(sizes) * dtype_size)
+        return int(optimizer * sum(map(math.prod, shapes)) * dtype_size)
     cls = getattr(optimizer, "cls", None) or type(optimizer)
-    names = [c.__name__ for c in getattr(cls, "__mro__", ())]
-    if "Adafactor" in names:
-        factored = sum(
-            math.prod(s[:-1]) + math.prod(s[:-2] + s[-1:]) for s in map(list, shapes) if len(s) >= 2
+    ours = isinstance(cls, type) and issubclass(cls, optimizers.BaseOptimizer)
+    elements = cls.SlotElements(shapes) if ours else None
+    if elements is None:
+        raise ValueError(
+            f"memory estimate: expected optimizer to be None, a number of slots per weight, or "
+            f"the params of SGD, Momentum, Adam, Adafactor or another lingpipe.optimizers "
+            f"class that counts its slots (SlotElements); received {optimizer!r}"
         )
-        return (sum(sizes) + factored) * dtype_size
-    for name in names:
-        if name in _SLOTS_PER_WEIGHT:
-            return _SLOTS_PER_WEIGHT[name] * sum(sizes) * dtype_size
-    raise ValueError(
-        f"memory estimate: expected optimizer to be None, a number of slots per weight, or "
-        f"the params of SGD, Momentum, Adam or Adafactor; received {optimizer!r}"
-    )
+    return elements * dtype_size
 
 
 def StageActivations(cells: Sequence[CellMemory]) -> tuple[int, int]:

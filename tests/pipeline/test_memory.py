@@ -90,6 +90,17 @@ def test_slot_bytes_per_optimizer():
     with pytest.raises(ValueError, match=r"expected optimizer to be None, .* received 'adam'"):
         memory.SlotBytes("adam", shapes)
 
+    # A subclass counts as its base; one of BaseOptimizer that does not say is refused.
+    class Lamb(optimizers.Adam):
+        pass
+
+    class Unsaid(optimizers.BaseOptimizer):
+        pass
+
+    assert memory.SlotBytes(Lamb.Params(), shapes) == 2 * 20 * 4
+    with pytest.raises(ValueError, match=r"counts its slots \(SlotElements\); received"):
+        memory.SlotBytes(Unsaid.Params(), shapes)
+
 
 def test_report_prints_the_memory_table_and_the_measured_peak():
     report = Pipe("1f1b", "always").PartitionReport(optimizer=1)
