@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -124,3 +124,10 @@ def CheckpointRoundTrip(build_layer: Callable[[], tf.Module], inputs: Any, direc
     status = tf.train.Checkpoint(model=second).read(path)
     status.assert_existing_objects_matched().assert_consumed()
     AssertAllClose(second(inputs), expected, rtol=0, atol=0)
+
+
+def DeviceOrder(spans: Iterable[Any], step: int, device: int) -> list[Any]:
+    """The actions of `device` in `step` of measured spans (timeline.Span), in the order
+    they started."""
+    mine = [s for s in spans if s.step == step and s.device == device]
+    return [s.action for s in sorted(mine, key=lambda s: s.start_us)]

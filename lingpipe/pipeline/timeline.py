@@ -29,7 +29,7 @@ import collections
 import dataclasses
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -86,13 +86,15 @@ class Span:
         return self.end_us - self.start_us
 
 
+@dataclasses.dataclass
 class _Op:
-    """One op event: its name, times (picoseconds) and the executor's step id."""
+    """One op event of an action: its times (picoseconds), the executor's step id, and
+    its action's (kind, stage, micro-batch)."""
 
-    __slots__ = ("name", "start", "end", "step_id")
-
-    def __init__(self, name: str, start: int, end: int, step_id: int | None) -> None:
-        self.name, self.start, self.end, self.step_id = name, start, end, step_id
+    start: int
+    end: int
+    step_id: int | None
+    key: tuple[str, int, int]
 
 
 def LatestProfile(logdir: str) -> str:
@@ -116,8 +118,9 @@ def ReadXSpace(path: str) -> Any:
     return space
 
 
-def _HostOps(space: Any) -> list[_Op]:
-    """The op events of the host plane, each with the step id of its executor run."""
+def _HostOps(space: Any, backward_kind: str) -> list[_Op]:
+    """The op events of actions on the host plane, each with the step id of its executor
+    run; the gradient of a (replayed) forward is of kind `backward_kind`."""
     ops = []
     for plane in space.planes:
         if plane.name != _HOST_PLANE:
@@ -136,9 +139,10 @@ def _HostOps(space: Any) -> list[_Op]:
                 while runs and runs[-1][1] < start:
                     runs.pop()
                 op_name, _, op_type = name.partition(":")
-                if op_type and op_type not in _NO_WORK and _ACTION.search(op_name):
+                key = _ActionKey(op_name, backward_kind)
+                if op_type and op_type not in _NO_WORK and key is not None:
                     step_id = runs[-1][2] if runs and runs[-1][0] <= start else None
-                    ops.append(_Op(op_name, start, end, step_id))
+                    ops.append(_Op(start, end, step_id, key))
     return ops
 
 
@@ -153,57 +157,54 @@ def _ActionKey(name: str, backward_kind: str) -> tuple[str, int, int] | None:
     return kind, stage, m
 
 
-def _SplitZeroBubble(ops: list[_Op], keys: list, sched: Schedule) -> list:
-    """Zero bubble: on each device, a backward's ops that start after another action's
-    first op are its held-back weight gradient (W), the earlier ones its input
-    gradient (I). `keys[i]` is ops[i]'s (kind, stage, m); returns them split."""
-    out = list(keys)
+def _SplitZeroBubble(ops: list[_Op], sched: Schedule) -> None:
+    """Zero bubble, for one step's ops (module doc): on each device, a backward's ops that
+    start after another action's first op become its weight gradient (W), in place."""
     seen: set = set()
     started: dict[int, set] = collections.defaultdict(set)  # device -> I's (stage, m)
     interrupted: set = set()
-    for i in sorted(range(len(ops)), key=lambda i: ops[i].start):
-        kind, stage, m = keys[i]
+    for op in sorted(ops, key=lambda op: op.start):
+        kind, stage, m = op.key
         device = sched.DeviceOf(stage)
-        if keys[i] not in seen:
-            seen.add(keys[i])
+        if op.key not in seen:
+            seen.add(op.key)
             interrupted.update(started[device] - {(stage, m)})
             if kind == BACKWARD_INPUT:
                 started[device].add((stage, m))
         if kind == BACKWARD_INPUT and (stage, m) in interrupted:
-            out[i] = (BACKWARD_WEIGHT, stage, m)
-    return out
+            op.key = (BACKWARD_WEIGHT, stage, m)
 
 
-def _JoinPartialSteps(ops: list[_Op], keys: list, sched: Schedule) -> None:
-    """Gives each op of a partial step id the id of the step it ran in, in place.
+def _JoinPartialSteps(ops: list[_Op], sched: Schedule) -> list[_Op]:
+    """The ops, each of a partial step id given the id of the step it ran in.
 
     A step runs every forward of the schedule. Ops under another executor id (a few
     of one backward, from an executor run of their own) are not a step: each joins
     the latest full step that started at or before it. Ops before the first full
-    step are dropped from `ops` and `keys`.
+    step are dropped.
     """
     forwards = {tuple(a) for acts in sched.device_actions for a in acts if a.kind == FORWARD}
     seen: dict = collections.defaultdict(set)
-    for op, key in zip(ops, keys):
-        if key[0] == FORWARD:
-            seen[op.step_id].add(key)
+    for op in ops:
+        if op.key[0] == FORWARD:
+            seen[op.step_id].add(op.key)
     full = sorted(
         (min(op.start for op in ops if op.step_id == sid), sid)
         for sid, found in seen.items()
         if found >= forwards and sid is not None
     )
     if not full:
-        return  # nothing to join to: leave the ids as they are
+        return ops  # nothing to join to: leave the ids as they are
     full_ids = {sid for _, sid in full}
     kept = []
-    for op, key in zip(ops, keys):
+    for op in ops:
         if op.step_id not in full_ids:
             earlier = [sid for start, sid in full if start <= op.start]
             if not earlier:
                 continue
             op.step_id = earlier[-1]
-        kept.append((op, key))
-    ops[:], keys[:] = [op for op, _ in kept], [key for _, key in kept]
+        kept.append(op)
+    return kept
 
 
 def Spans(space: Any, sched: Schedule) -> list[Span]:
@@ -213,32 +214,23 @@ def Spans(space: Any, sched: Schedule) -> list[Span]:
     if the profile holds no op of any action.
     """
     backward_kind = BACKWARD_INPUT if sched.splits_backward else BACKWARD
-    ops, keys = [], []
-    for op in _HostOps(space):
-        key = _ActionKey(op.name, backward_kind)
-        if key is not None and key[1] < sched.num_stages:
-            ops.append(op)
-            keys.append(key)
+    ops = [op for op in _HostOps(space, backward_kind) if op.key[1] < sched.num_stages]
     if not ops:
         raise TimelineError(
             "timeline: the profile holds no op of a pipeline action (expected op names "
             "in scopes like F_s0_mb0/); was a pipelined train step run while profiling?"
         )
-    _JoinPartialSteps(ops, keys, sched)
+    ops = _JoinPartialSteps(ops, sched)
     first_of_step: dict = {}
     for op in ops:
         first_of_step[op.step_id] = min(first_of_step.get(op.step_id, op.start), op.start)
-    step_of = {sid: i for i, sid in enumerate(sorted(first_of_step, key=first_of_step.get))}
     groups: dict = collections.defaultdict(list)
-    for step_id in step_of:  # the W split is per step: each step's ops alone
-        idx = [i for i, op in enumerate(ops) if op.step_id == step_id]
-        split = keys
+    for step, step_id in enumerate(sorted(first_of_step, key=first_of_step.get)):
+        mine = [op for op in ops if op.step_id == step_id]
         if sched.splits_backward:
-            split = dict(
-                zip(idx, _SplitZeroBubble([ops[i] for i in idx], [keys[i] for i in idx], sched))
-            )
-        for i in idx:
-            groups[(step_of[step_id], split[i])].append(ops[i])
+            _SplitZeroBubble(mine, sched)  # per step: each step's ops alone
+        for op in mine:
+            groups[(step, op.key)].append(op)
     origin = min(op.start for op in ops)
     spans = [
         Span(
@@ -253,12 +245,6 @@ def Spans(space: Any, sched: Schedule) -> list[Span]:
         for (step, key), group in groups.items()
     ]
     return sorted(spans, key=lambda s: (s.start_us, s.device))
-
-
-def DeviceOrder(spans: Iterable[Span], step: int, device: int) -> list[Action]:
-    """The actions of `device` in `step`, in the order they started."""
-    mine = [s for s in spans if s.step == step and s.device == device]
-    return [s.action for s in sorted(mine, key=lambda s: s.start_us)]
 
 
 def _UnionLength(intervals: list[tuple[float, float]]) -> float:
@@ -311,45 +297,17 @@ def ChromeTrace(spans: list[Span], sched: Schedule) -> dict:
     events = []
     for d in range(sched.num_devices):
         stages = ", ".join(f"s{s}" for s in sched.StagesOf(d))
-        events.append(
-            {
-                "name": "thread_name",
-                "ph": "M",
-                "ts": 0,
-                "dur": 0,
-                "pid": 0,
-                "tid": d,
-                "args": {"name": f"device {d} ({stages})"},
-            }
-        )
+        track = {"name": "thread_name", "ph": "M", "ts": 0, "dur": 0, "pid": 0, "tid": d}
+        events.append({**track, "args": {"name": f"device {d} ({stages})"}})
     for s in spans:
-        events.append(
-            {
-                "name": str(s.action),
-                "cat": s.action.kind,
-                "ph": "X",
-                "ts": s.start_us,
-                "dur": s.duration_us,
-                "pid": 0,
-                "tid": s.device,
-                "args": {
-                    "busy_us": s.busy_us,
-                    "step": s.step,
-                    "stage": s.action.stage,
-                    "micro_batch": s.action.micro_batch,
-                    "ops": s.num_ops,
-                },
-            }
-        )
-    return {
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "schedule": sched.name,
-            "num_devices": sched.num_devices,
-            "num_micro_batches": sched.num_micro_batches,
-        },
-    }
+        args = {"busy_us": s.busy_us, "step": s.step, "stage": s.action.stage}
+        args.update(micro_batch=s.action.micro_batch, ops=s.num_ops)
+        event = {"name": str(s.action), "cat": s.action.kind, "ph": "X", "ts": s.start_us}
+        event.update(dur=s.duration_us, pid=0, tid=s.device, args=args)
+        events.append(event)
+    about = {"schedule": sched.name, "num_devices": sched.num_devices}
+    about["num_micro_batches"] = sched.num_micro_batches
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": about}
 
 
 def Write(logdir: str, spans: list[Span], sched: Schedule) -> tuple[str, str]:

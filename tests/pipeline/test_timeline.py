@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 from gpipe_cells import Pipeline
 
+from lingpipe import test_utils
 from lingpipe.layers import linear
 from lingpipe.nested_map import NestedMap
 from lingpipe.pipeline import generators, plot, schedule_cli, simulate, timeline
@@ -40,7 +41,7 @@ def test_1f1b_span_order_per_device_is_the_schedules_list(recorded):
     assert {s.step for s in spans} == {0, 1}
     for step in (0, 1):
         for d in range(sched.num_devices):
-            assert timeline.DeviceOrder(spans, step, d) == list(sched.device_actions[d])
+            assert test_utils.DeviceOrder(spans, step, d) == list(sched.device_actions[d])
     for s in spans:
         assert s.device == s.action.stage % 2 and s.end_us >= s.start_us >= 0
         assert 0 < s.busy_us <= s.duration_us + 1e-6

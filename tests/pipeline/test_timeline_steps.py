@@ -4,6 +4,7 @@ instead of making a phantom step; and a picture labels only the bars its label f
 
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
+from lingpipe import test_utils
 from lingpipe.pipeline import generators, plot, timeline
 from lingpipe.pipeline.schedule import Action
 
@@ -65,7 +66,7 @@ def test_ops_of_another_executor_run_join_their_step_not_a_phantom_one():
     assert timeline.Compare(spans, sched).startswith("Timeline of 2 step(s)")
     for step in (0, 1):
         for d in range(sched.num_devices):
-            assert timeline.DeviceOrder(spans, step, d) == list(sched.device_actions[d])
+            assert test_utils.DeviceOrder(spans, step, d) == list(sched.device_actions[d])
     ops = {(s.step, str(s.action)): s.num_ops for s in spans}
     assert ops[(1, "B s0 mb1")] == 3 and ops[(0, "B s0 mb1")] == 1
     assert ops[(0, "B s0 mb0")] == 1  # not the earlier step's tail
