@@ -27,17 +27,12 @@ from lingpipe.pipeline.schedule import (
     Schedule,
 )
 
-COLOURS = {
-    FORWARD: "#4c78a8",  # blue
-    BACKWARD: "#f58518",  # orange
-    BACKWARD_INPUT: "#e45756",  # red
-    BACKWARD_WEIGHT: "#54a24b",  # green
-}
-NAMES = {
-    FORWARD: "forward",
-    BACKWARD: "backward",
-    BACKWARD_INPUT: "input grad",
-    BACKWARD_WEIGHT: "weight grad",
+# Per kind of action: its bars' colour and its name in the legend.
+KINDS = {
+    FORWARD: ("#4c78a8", "forward"),  # blue
+    BACKWARD: ("#f58518", "backward"),  # orange
+    BACKWARD_INPUT: ("#e45756", "input grad"),  # red
+    BACKWARD_WEIGHT: ("#54a24b", "weight grad"),  # green
 }
 
 # A bar: (device, start, end, action), times in the chart's unit.
@@ -60,17 +55,16 @@ def _Figure(sched: Schedule, bars: Sequence[Bar], unit: str, title: str) -> Any:
     ax = fig.add_subplot(1, 1, 1)
     labels = []  # (text, device, start, end): kept below only where the text fits its bar
     for device, start, end, a in bars:
-        ax.barh(device, end - start, left=start, color=COLOURS[a.kind], **_BAR_STYLE)
+        ax.barh(device, end - start, left=start, color=KINDS[a.kind][0], **_BAR_STYLE)
         text = ax.text((start + end) / 2, device, sched.Label(a), **_TEXT_STYLE)
         labels.append((text, device, start, end))
-    ax.set_yticks(range(sched.num_devices))
-    ax.set_yticklabels([f"device {d}" for d in range(sched.num_devices)])
+    ax.set_yticks(range(sched.num_devices), [f"device {d}" for d in range(sched.num_devices)])
     ax.set_ylim(sched.num_devices - 0.5, -0.5)
     ax.set_xlim(min((start for _, start, _, _ in bars), default=0.0), span)
     ax.set_xlabel(unit)
     ax.set_title(title, fontsize=9)
-    kinds = [k for k in COLOURS if any(a.kind == k for *_, a in bars)]
-    handles = [Patch(color=COLOURS[k], label=NAMES[k]) for k in kinds]
+    drawn = {a.kind for *_, a in bars}
+    handles = [Patch(color=colour, label=name) for k, (colour, name) in KINDS.items() if k in drawn]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1, 1), fontsize=7, frameon=False)
     fig.tight_layout()
     _DropLabelsThatDoNotFit(fig, ax, labels)
@@ -106,6 +100,10 @@ def _Save(fig: Any, path: str) -> str:
     return path
 
 
+def _Title(what: str, sched: Schedule) -> str:
+    return f"{what}: {sched.name}, K={sched.num_devices}, M={sched.num_micro_batches}"
+
+
 def PlotSimulation(sched: Schedule, sim: Any, path: str, title: str | None = None) -> str:
     """Draws the plan: `sim` (simulate.Simulate(sched)) in its time units, to `path` (PNG)."""
     bars = [
@@ -113,10 +111,7 @@ def PlotSimulation(sched: Schedule, sim: Any, path: str, title: str | None = Non
         for acts in sched.device_actions
         for a in acts
     ]
-    title = title or (
-        f"plan: {sched.name}, K={sched.num_devices}, M={sched.num_micro_batches}; "
-        f"bubble {sim.bubble:.1%} (simulated, F=1, B=2)"
-    )
+    title = title or f"{_Title('plan', sched)}; bubble {sim.bubble:.1%} (simulated, F=1, B=2)"
     return _Save(_Figure(sched, bars, "time units", title), path)
 
 
@@ -130,9 +125,5 @@ def PlotSpans(spans: Sequence[Any], sched: Schedule, path: str, title: str | Non
             f"plot.PlotSpans: expected at least one span to draw, received none ({path})"
         )
     bars = [(s.device, s.start_us / 1e3, s.end_us / 1e3, s.action) for s in spans]
-    steps = len({s.step for s in spans})
-    title = title or (
-        f"measured: {sched.name}, K={sched.num_devices}, M={sched.num_micro_batches}, "
-        f"{steps} step(s)"
-    )
+    title = title or f"{_Title('measured', sched)}, {len({s.step for s in spans})} step(s)"
     return _Save(_Figure(sched, bars, "ms from the first recorded action", title), path)
