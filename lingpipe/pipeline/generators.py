@@ -3,10 +3,6 @@
     sched = generators.Make('zbv', num_stages=4, num_micro_batches=8)  # K=4 devices, 8 stages
     sched = generators.Resolve('my_schedule.csv', num_devices=4, num_micro_batches=8)
 
-`num_stages` of Make is K, the devices (the pipeline's stages when each device
-runs one); schedules with several stages per device build K * v of them:
-`num_virtual_stages` v for the loop-placed ones (stage s on device s mod K), two
-for the V-shaped ones (`zbv`, `dualpipev`: device d runs stages d and 2K-1-d).
 Every schedule Make returns has been run by lingpipe.pipeline.simulate, so one
 that breaks a dependency or would deadlock never reaches the executor.
 """
@@ -29,18 +25,14 @@ from lingpipe.pipeline.schedule import (
     ScheduleError,
 )
 
-SCHEDULES = (
-    "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "looped_bfs",
-    "interleaved_zero_bubble", "dualpipev", "forward_only",
-)  # fmt: skip
 # Names that take num_virtual_stages v > 1 (loop placement); V-shaped ones always have 2.
 VIRTUAL = ("interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "forward_only")
 V_SHAPED = ("zbv", "dualpipev")
 
 
-def _Check(name: str, value: int, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ScheduleError(f"schedule: expected {name} >= {minimum}, received {name}={value!r}")
+def _Check(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ScheduleError(f"schedule: expected {name} >= 1, received {name}={value!r}")
 
 
 def VPlacement(num_devices: int) -> tuple[int, ...]:
@@ -224,15 +216,19 @@ _BUILDERS: dict[str, Callable[[str, int, int, int], Schedule]] = {
     "dualpipev": lambda name, k, m, v: DualPipeV(k, m),
     "forward_only": BreadthFirst,
 }
+SCHEDULES = tuple(_BUILDERS)  # in the order errors and the command line list them
 
 
 def Make(
     name: str, num_stages: int, num_micro_batches: int, num_virtual_stages: int = 1
 ) -> Schedule:
-    """The schedule `name` for K = num_stages devices and M micro-batches, validated.
+    """The schedule `name` for K = num_stages devices and M micro-batches.
 
-    num_virtual_stages: v, stages per device, for the names in VIRTUAL; `zbv` and
-    `dualpipev` always run 2 (v may be 1 or 2); the others 1.
+    num_stages is K, the devices (the pipeline's stages when each device runs one).
+    Schedules with several stages per device build K * v of them: num_virtual_stages
+    v for the names in VIRTUAL (stage s on device s mod K); two for the V-shaped
+    ones (`zbv`, `dualpipev`: device d runs stages d and 2K-1-d), where v may be 1
+    or 2; the others run 1.
 
     Raises:
       ScheduleError: unknown name (with a suggestion), bad counts, or an M the
@@ -288,11 +284,10 @@ def Resolve(
             f"schedule: expected a name in {', '.join(SCHEDULES)}, a Schedule or the path of "
             f"a CSV file; received {type(spec).__name__} {spec!r}"
         )
-    received = (sched.num_devices, sched.num_micro_batches)
-    if received != (num_devices, num_micro_batches):
+    if (sched.num_devices, sched.num_micro_batches) != (num_devices, num_micro_batches):
         raise ScheduleError(
-            f"schedule: {where} is for num_devices={received[0]}, "
-            f"num_micro_batches={received[1]}; expected num_devices={num_devices}, "
+            f"schedule: {where} is for num_devices={sched.num_devices}, "
+            f"num_micro_batches={sched.num_micro_batches}; expected num_devices={num_devices}, "
             f"num_micro_batches={num_micro_batches}"
         )
     simulate.Simulate(sched)
