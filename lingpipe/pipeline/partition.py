@@ -20,18 +20,16 @@ def _Prefix(costs: Sequence[float]) -> list[float]:
 
 def MinMaxCost(costs: Sequence[float], num_stages: int) -> float:
     """The smallest possible cost of the most expensive stage (dynamic programming)."""
-    n = len(costs)
     _CheckArgs(costs, num_stages)
     prefix = _Prefix(costs)
-    inf = float("inf")
     # best[i]: min over cuts of cells[:i] into k stages of the max stage cost (k = 1 first).
-    best = [inf] + prefix[1:]
+    best = [float("inf")] + prefix[1:]
     for k in range(2, num_stages + 1):
-        new = [inf] * (n + 1)
-        for i in range(k, n + 1):
-            new[i] = min(max(best[j], prefix[i] - prefix[j]) for j in range(k - 1, i))
-        best = new
-    return best[n]
+        best = [float("inf")] * k + [
+            min(max(best[j], prefix[i] - prefix[j]) for j in range(k - 1, i))
+            for i in range(k, len(costs) + 1)
+        ]
+    return best[-1]
 
 
 def MinMaxPartition(costs: Sequence[float], num_stages: int) -> list[int]:
@@ -70,8 +68,7 @@ def _CheckArgs(costs: Sequence[float], num_stages: int) -> None:
             f"cannot cut {len(costs)} cells into num_stages={num_stages} non-empty stages; "
             f"expected num_stages <= number of cells"
         )
-    bad = [c for c in costs if not c >= 0]
-    if bad:
+    if not all(c >= 0 for c in costs):
         raise ValueError(f"cell costs must be non-negative numbers, received {list(costs)}")
 
 
