@@ -69,25 +69,21 @@ class Simulation:
 def _CheckStructure(s: Schedule) -> None:
     """Every action on its stage's device; per stage and micro-batch one F and one B
     (or one I and one W), or, in a forward-only schedule, one F."""
-    seen: collections.Counter = collections.Counter()
     for d, acts in enumerate(s.device_actions):
         for a in acts:
+            expected = ""
             if a.kind not in KINDS or not 0 <= a.stage < s.num_stages:
-                raise ScheduleError(
-                    f"schedule {s.name!r}: device {d} has {a}, expected a kind in {KINDS} "
-                    f"and a stage in 0..{s.num_stages - 1}"
-                )
-            if not 0 <= a.micro_batch < s.num_micro_batches:
-                raise ScheduleError(
-                    f"schedule {s.name!r}: device {d} has {a}, expected a micro-batch in "
-                    f"0..{s.num_micro_batches - 1}"
-                )
+                expected = f"a kind in {KINDS} and a stage in 0..{s.num_stages - 1}"
+            elif not 0 <= a.micro_batch < s.num_micro_batches:
+                expected = f"a micro-batch in 0..{s.num_micro_batches - 1}"
+            if expected:
+                raise ScheduleError(f"schedule {s.name!r}: device {d} has {a}, expected {expected}")
             if s.DeviceOf(a.stage) != d:
                 raise ScheduleError(
                     f"schedule {s.name!r}: {a} is listed on device {d}, but stage {a.stage} "
                     f"lives on device {s.DeviceOf(a.stage)}"
                 )
-            seen[a] += 1
+    seen = collections.Counter(a for acts in s.device_actions for a in acts)
     # How often F, B, I and W of a stage and micro-batch may be listed.
     allowed = {(1, 1, 0, 0), (1, 0, 1, 1)} if s.has_backward else {(1, 0, 0, 0)}
     for stage in range(s.num_stages):
@@ -115,11 +111,8 @@ def Dependencies(s: Schedule, a: Action, kinds: dict[tuple[int, int], str]) -> l
 
 
 def Simulate(s: Schedule, costs: dict[str, float] | None = None) -> Simulation:
-    """Runs `s` in simulated time (see the module docstring).
-
-    Raises:
-      ScheduleError: malformed, or an action can never run (deadlock).
-    """
+    """Runs `s` in simulated time (see the module docstring); raises ScheduleError if `s`
+    is malformed or can deadlock."""
     _CheckStructure(s)
     costs = dict(DEFAULT_COSTS, **(costs or {}))
     kinds = {
@@ -228,8 +221,7 @@ def Figures(s: Schedule, sim: Simulation, costs: str = "F=1, I=W=1, B=2") -> str
         f"makespan {sim.makespan:g} time units ({costs}); bubble {sim.bubble:.1%}",
     ]
     for d in range(s.num_devices):
-        stages = s.StagesOf(d)
-        peaks = ", ".join(f"s{st}: {sim.peak_alive[st]}" for st in stages)
+        peaks = ", ".join(f"s{st}: {sim.peak_alive[st]}" for st in s.StagesOf(d))
         lines.append(
             f"  device {d}: idle {sim.idle_share[d]:.1%}; peak alive micro-batches "
             f"{sim.device_peak_alive[d]} ({peaks})"
