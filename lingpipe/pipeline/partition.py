@@ -20,7 +20,15 @@ def _Prefix(costs: Sequence[float]) -> list[float]:
 
 def MinMaxCost(costs: Sequence[float], num_stages: int) -> float:
     """The smallest possible cost of the most expensive stage (dynamic programming)."""
-    _CheckArgs(costs, num_stages)
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        raise ValueError(f"expected num_stages to be a positive integer, received {num_stages!r}")
+    if num_stages > len(costs):
+        raise ValueError(
+            f"cannot cut {len(costs)} cells into num_stages={num_stages} non-empty stages; "
+            f"expected num_stages <= number of cells"
+        )
+    if not all(c >= 0 for c in costs):
+        raise ValueError(f"cell costs must be non-negative numbers, received {list(costs)}")
     prefix = _Prefix(costs)
     # best[i]: min over cuts of cells[:i] into k stages of the max stage cost (k = 1 first).
     best = [float("inf")] + prefix[1:]
@@ -58,18 +66,6 @@ def MinMaxPartition(costs: Sequence[float], num_stages: int) -> list[int]:
         counts.append(i - back[k][i])
         i = back[k][i]
     return counts[::-1]
-
-
-def _CheckArgs(costs: Sequence[float], num_stages: int) -> None:
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-        raise ValueError(f"expected num_stages to be a positive integer, received {num_stages!r}")
-    if num_stages > len(costs):
-        raise ValueError(
-            f"cannot cut {len(costs)} cells into num_stages={num_stages} non-empty stages; "
-            f"expected num_stages <= number of cells"
-        )
-    if not all(c >= 0 for c in costs):
-        raise ValueError(f"cell costs must be non-negative numbers, received {list(costs)}")
 
 
 def CheckCounts(counts: Sequence[int], num_cells: int, num_stages: int) -> list[int]:
