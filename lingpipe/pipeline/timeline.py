@@ -44,8 +44,6 @@ from lingpipe.pipeline.schedule import (
     Schedule,
 )
 
-TIMELINE_JSON = "timeline.json"
-TIMELINE_PNG = "timeline.png"
 _ACTION = re.compile(r"(?:^|/)([FBIW])_s(\d+)_mb(\d+)(?:_\d+)?/")
 _HOST_PLANE = "/host:CPU"
 # Ops that do no work of their own: they run whenever their (absent) inputs allow,
@@ -175,36 +173,35 @@ def _SplitZeroBubble(ops: list[_Op], sched: Schedule) -> None:
             op.key = (BACKWARD_WEIGHT, stage, m)
 
 
-def _JoinPartialSteps(ops: list[_Op], sched: Schedule) -> list[_Op]:
-    """The ops, each of a partial step id given the id of the step it ran in.
+def _Steps(ops: list[_Op], sched: Schedule) -> list[list[_Op]]:
+    """The ops of each recorded step, in the order the steps started.
 
     A step runs every forward of the schedule. Ops under another executor id (a few
     of one backward, from an executor run of their own) are not a step: each joins
-    the latest full step that started at or before it. Ops before the first full
-    step are dropped.
+    the latest step that started at or before it; ops before the first step are
+    dropped. Without a step that ran every forward, each executor id is a step.
     """
     forwards = {tuple(a) for acts in sched.device_actions for a in acts if a.kind == FORWARD}
-    seen: dict = collections.defaultdict(set)
+    by_id: dict = collections.defaultdict(list)
     for op in ops:
-        if op.key[0] == FORWARD:
-            seen[op.step_id].add(op.key)
-    full = sorted(
-        (min(op.start for op in ops if op.step_id == sid), sid)
-        for sid, found in seen.items()
-        if found >= forwards and sid is not None
-    )
+        by_id[op.step_id].append(op)
+    start = {sid: min(op.start for op in mine) for sid, mine in by_id.items()}
+    full = [
+        sid
+        for sid, mine in by_id.items()
+        if sid is not None and forwards <= {op.key for op in mine}
+    ]
     if not full:
-        return ops  # nothing to join to: leave the ids as they are
-    full_ids = {sid for _, sid in full}
-    kept = []
+        return [by_id[sid] for sid in sorted(by_id, key=start.get)]  # nothing to join to
+    steps: dict = {sid: [] for sid in sorted(full, key=start.get)}
     for op in ops:
-        if op.step_id not in full_ids:
-            earlier = [sid for start, sid in full if start <= op.start]
-            if not earlier:
-                continue
-            op.step_id = earlier[-1]
-        kept.append(op)
-    return kept
+        if op.step_id in steps:
+            steps[op.step_id].append(op)
+            continue
+        earlier = [sid for sid in steps if start[sid] <= op.start]
+        if earlier:
+            steps[earlier[-1]].append(op)
+    return list(steps.values())
 
 
 def Spans(space: Any, sched: Schedule) -> list[Span]:
@@ -220,18 +217,14 @@ def Spans(space: Any, sched: Schedule) -> list[Span]:
             "timeline: the profile holds no op of a pipeline action (expected op names "
             "in scopes like F_s0_mb0/); was a pipelined train step run while profiling?"
         )
-    ops = _JoinPartialSteps(ops, sched)
-    first_of_step: dict = {}
-    for op in ops:
-        first_of_step[op.step_id] = min(first_of_step.get(op.step_id, op.start), op.start)
+    steps = _Steps(ops, sched)
     groups: dict = collections.defaultdict(list)
-    for step, step_id in enumerate(sorted(first_of_step, key=first_of_step.get)):
-        mine = [op for op in ops if op.step_id == step_id]
+    for step, mine in enumerate(steps):
         if sched.splits_backward:
             _SplitZeroBubble(mine, sched)  # per step: each step's ops alone
         for op in mine:
             groups[(step, op.key)].append(op)
-    origin = min(op.start for op in ops)
+    origin = min(op.start for mine in steps for op in mine)
     spans = [
         Span(
             step,
@@ -265,12 +258,11 @@ def BusyShare(spans: list[Span], num_devices: int) -> list[float]:
     waits for the gradient, say) are idle. Over several steps: summed busy time /
     summed step time, at most 1.
     """
-    busy, window = [0.0] * num_devices, 0.0
-    for step in sorted({s.step for s in spans}):
+    window = 0.0
+    for step in {s.step for s in spans}:
         mine = [s for s in spans if s.step == step]
         window += max(s.end_us for s in mine) - min(s.start_us for s in mine)
-        for d in range(num_devices):
-            busy[d] += sum(s.busy_us for s in mine if s.device == d)
+    busy = [sum(s.busy_us for s in spans if s.device == d) for d in range(num_devices)]
     return [min(1.0, b / window) if window > 0 else 0.0 for b in busy]
 
 
@@ -314,7 +306,7 @@ def Write(logdir: str, spans: list[Span], sched: Schedule) -> tuple[str, str]:
     """Writes logdir/timeline.json and logdir/timeline.png; returns their paths."""
     from lingpipe.pipeline import plot
 
-    json_path, png_path = f"{logdir}/{TIMELINE_JSON}", f"{logdir}/{TIMELINE_PNG}"
+    json_path, png_path = f"{logdir}/timeline.json", f"{logdir}/timeline.png"
     tf.io.gfile.makedirs(logdir)
     with tf.io.gfile.GFile(json_path, "w") as f:
         json.dump(ChromeTrace(spans, sched), f)
