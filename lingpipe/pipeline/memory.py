@@ -34,13 +34,7 @@ import tensorflow as tf
 
 from lingpipe import base_layer, hyperparams, optimizers
 from lingpipe.pipeline import costs, simulate
-from lingpipe.pipeline.schedule import (
-    BACKWARD,
-    BACKWARD_INPUT,
-    FORWARD,
-    Action,
-    Schedule,
-)
+from lingpipe.pipeline.schedule import BACKWARD, BACKWARD_INPUT, FORWARD, Action, Schedule
 
 # Ops whose output shares its input's buffer: a saved view costs what its source costs.
 _VIEW_OPS = frozenset({"Reshape", "Identity", "ExpandDims", "Squeeze", "StopGradient", "Snapshot"})
