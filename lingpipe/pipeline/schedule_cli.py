@@ -5,8 +5,8 @@
 
 prints the grid (a row per device, a column per time unit, under F = I = W = 1,
 B = 2), a line `bubble N.N%`, and each device's idle share and peak alive
-micro-batches; `--list` adds each device's list, `--png` draws the plan. A schedule
-that cannot run exits with status 2 and says which action and why.
+micro-batches (`--list` and `--png` add more). A schedule that cannot run exits
+with status 2 and says which action and why.
 """
 
 from __future__ import annotations
@@ -29,13 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="also print each device's list")
     parser.add_argument("--png", default="", help="also draw the plan to this PNG file")
     args = parser.parse_args(argv)
+    counts = args.num_stages, args.num_micro_batches, args.num_virtual_stages
     try:
-        if args.csv:
-            sched = FromCsv(args.csv)
-        else:
-            sched = generators.Make(
-                args.schedule, args.num_stages, args.num_micro_batches, args.num_virtual_stages
-            )
+        sched = FromCsv(args.csv) if args.csv else generators.Make(args.schedule, *counts)
         sim = simulate.Simulate(sched)
     except (ScheduleError, OSError) as e:
         print(f"lingpipe.pipeline.schedule: error: {e}")
