@@ -133,12 +133,10 @@ class PartitionReport:
         """The memory table (MiB), with measured peaks beside the estimate when known."""
         if self.memory_total is None:
             return [self.memory_note] if self.memory_note else []
-        per_device = self.measured is not None and set(self.measured) <= {
-            s.device for s in self.stages
-        }
-        head = ["stage", "weights", "grads", "slots", "activations", "workspace", "total"]
-        head += ["alive"] + (["measured"] if per_device else [])
-        rows = [head]
+        devices = {s.device for s in self.stages}
+        per_device = self.measured is not None and set(self.measured) <= devices
+        rows = [["stage", "weights", "grads", "slots", "activations", "workspace", "total"]]
+        rows[0] += ["alive"] + (["measured"] if per_device else [])
         for s in self.stages:
             m = s.memory
             parts = (m.weights, m.gradients, m.optimizer_slots, m.activations, m.workspace)
@@ -146,12 +144,10 @@ class PartitionReport:
             if per_device:
                 row.append(_Mib(self.measured[s.device]) if s.device in self.measured else "?")
             rows.append(row)
-        lines = [f"memory per stage in a training step, MiB ({self.memory_note}):"]
-        lines += _Table(rows)
-        devices = self.DeviceMemory()
+        lines = [f"memory per stage in a training step, MiB ({self.memory_note}):", *_Table(rows)]
         if len(devices) < len(self.stages):  # a device runs several stages
             lines.append("per device (all its stages; activations at their joint peak):")
-            for d, m in devices.items():
+            for d, m in self.DeviceMemory().items():
                 stages = ", ".join(str(s.stage) for s in self.stages if s.device == d)
                 lines.append(f"  {d} (stages {stages}): {_Mib(m.total)} MiB, alive {m.peak_alive}")
         total = f"estimated total {_Mib(self.memory_total)} MiB"
