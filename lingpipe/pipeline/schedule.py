@@ -123,29 +123,16 @@ class Schedule:
 _CELL = re.compile(r"^(\d+)([FBIW])(\d+)$")
 
 
-def _ReadText(text_or_path: str | os.PathLike) -> tuple[str, str]:
-    """(text, where): the CSV text, and 'file X' or 'text' for messages."""
-    spec = os.fspath(text_or_path)
-    if os.path.isfile(spec):
-        with open(spec, encoding="utf-8") as f:
-            return f.read(), f"file {spec}"
-    if "\n" not in spec and "," not in spec and spec.strip().lower().endswith(".csv"):
-        raise ScheduleError(f"schedule CSV: no such file {spec!r}")
-    return spec, "text"
-
-
 def _Cell(cell: str, where: str, d: int, c: int) -> Action | None:
     """The action of one cell (None when empty); `where` and d, c place it in messages."""
-    if not cell.strip():
-        return None
     match = _CELL.match(cell.strip())
-    if not match:
+    if cell.strip() and not match:
         raise ScheduleError(
             f"schedule CSV {where} (device {d}), column {c + 1}: cannot read cell {cell!r}, "
             "expected <stage><F|B|I|W><micro-batch> such as 0F0 or 7I3, or an empty cell for "
             "an idle step"
         )
-    return Action(match.group(2), int(match.group(1)), int(match.group(3)))
+    return Action(match.group(2), int(match.group(1)), int(match.group(3))) if match else None
 
 
 def FromCsv(text_or_path: str | os.PathLike, num_micro_batches: int | None = None) -> Schedule:
@@ -164,7 +151,14 @@ def FromCsv(text_or_path: str | os.PathLike, num_micro_batches: int | None = Non
       ScheduleError: a malformed cell (with its row, column and text), a stage on two
         devices, a stage no row lists, or a micro-batch out of range.
     """
-    text, where = _ReadText(text_or_path)
+    spec = os.fspath(text_or_path)
+    if os.path.isfile(spec):
+        with open(spec, encoding="utf-8") as f:
+            text, where, name = f.read(), f"file {spec}", os.path.basename(spec)
+    elif "\n" not in spec and "," not in spec and spec.strip().lower().endswith(".csv"):
+        raise ScheduleError(f"schedule CSV: no such file {spec!r}")
+    else:
+        text, where, name = spec, "text", "csv"
     rows = list(csv.reader(io.StringIO(text)))
     while rows and not any(c.strip() for c in rows[-1]):
         rows.pop()  # trailing blank lines are no devices
@@ -195,7 +189,6 @@ def FromCsv(text_or_path: str | os.PathLike, num_micro_batches: int | None = Non
             f"0..{num_stages - 1} on some device"
         )
     micro = num_micro_batches or 1 + max(a.micro_batch for acts in device_actions for a in acts)
-    name = os.path.basename(where[5:]) if where.startswith("file ") else "csv"
     placement = tuple(stage_devices[s] for s in range(num_stages))
     return Schedule(name, len(rows), num_stages, micro, tuple(device_actions), placement)
 
