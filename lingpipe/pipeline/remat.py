@@ -1,9 +1,8 @@
-"""Which forwards keep their activations for the backward, and which are replayed.
+"""Which forwards keep their activations for the backward, and which are replayed:
 
     kept = remat.Kept(sched, 'except_last')   # {(stage, micro_batch), ...}
 
-The executor keeps the activations of the (stage, micro-batch) pairs in the set
-and replays every other forward in its backward.
+the executor keeps the pairs in `kept` and replays every other forward.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ def Kept(sched: Schedule, policy: str) -> set[tuple[int, int]]:
         return pairs if policy == "never" else set()
     kept = set()
     for acts in sched.device_actions:
-        where = {(a.kind, a.stage, a.micro_batch): i for i, a in enumerate(acts)}
+        where = {a: i for i, a in enumerate(acts)}  # an Action equals its (kind, stage, mb)
         backs = [i for i, a in enumerate(acts) if a.kind in (BACKWARD, BACKWARD_INPUT)]
         for stage in {a.stage for a in acts}:
             gaps = []
