@@ -127,6 +127,27 @@ def StageDevices(num_stages: int, device_type: str | None = None) -> list[str]:
     return devices[:num_stages]
 
 
+def PipelineDevices(
+    devices: Sequence[str] | None, num_stages: int, where: str = "pipeline"
+) -> list[str]:
+    """A pipeline's devices: `devices` (one per stage) as CanonicalDevice names, or for
+    None the first `num_stages` StageDevices; errors begin with `where`."""
+    if devices is None:
+        try:
+            return StageDevices(num_stages)
+        except ValueError as e:
+            raise ValueError(f"{where}: num_stages={num_stages}: {e}") from None
+    if len(devices) != num_stages:
+        raise ValueError(
+            f"{where}: expected one device per stage, received {len(devices)} device(s) "
+            f"{list(devices)} for num_stages={num_stages}"
+        )
+    try:
+        return [CanonicalDevice(d) for d in devices]
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
 def ReplicaDeviceGroups(
     num_stages: int, num_replicas: int | None = None, devices: Sequence[str] | None = None
 ) -> list[list[str]]:

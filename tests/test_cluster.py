@@ -20,6 +20,21 @@ def test_stage_devices_and_too_many():
         cluster.StageDevices(9)
 
 
+def test_pipeline_devices_checks_the_list_or_takes_the_first_stage_devices():
+    assert cluster.PipelineDevices(None, 2) == ["/device:CPU:0", "/device:CPU:1"]
+    assert cluster.PipelineDevices(("cpu:3", "CPU:1"), 2) == ["/device:CPU:3", "/device:CPU:1"]
+    with pytest.raises(ValueError, match="pipe: num_stages=9: StageDevices: asked for 9"):
+        cluster.PipelineDevices(None, 9, "pipe")
+    with pytest.raises(
+        ValueError,
+        match=r"pipe: expected one device per stage, received 1 device\(s\) "
+        r"\['CPU:0'\] for num_stages=2",
+    ):
+        cluster.PipelineDevices(["CPU:0"], 2, "pipe")
+    with pytest.raises(ValueError, match="pipe: device 'CPU:8' does not exist"):
+        cluster.PipelineDevices(["CPU:0", "CPU:8"], 2, "pipe")
+
+
 def test_set_again_is_idempotent_and_changing_after_init_is_clear():
     cluster.SetLogicalCpuDevices(8)
     with pytest.raises(

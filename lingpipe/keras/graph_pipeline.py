@@ -79,25 +79,12 @@ class GraphPipeline:
         self._functional = graph_lib._Functional(model, where)  # noqa: SLF001
         self._graph = graph_lib.Trace(model, where)
         self._cut = graph_lib.MakeCut(self._graph, num_stages, partition, split_points, where)
-        self._devices = self._Devices(devices, num_stages)
+        self._devices = cluster.PipelineDevices(devices, num_stages, where)
         self.Schedule(num_micro_batches)  # refuses an unknown schedule now
         self._MoveWeights()
         self._Index()
 
     # ---- Construction -----------------------------------------------------------
-
-    def _Devices(self, devices: Sequence[str] | None, num_stages: int) -> list[str]:
-        try:
-            if devices is None:
-                return cluster.StageDevices(num_stages)
-            if len(devices) != num_stages:
-                raise ValueError(
-                    f"expected one device per stage, received {len(devices)} device(s) "
-                    f"{list(devices)} for num_stages={num_stages}"
-                )
-            return [cluster.CanonicalDevice(d) for d in devices]
-        except ValueError as e:
-            raise ValueError(f"{self._where}: num_stages={num_stages}: {e}") from None
 
     def StageLayers(self) -> list[list[Any]]:
         """The distinct Keras operations (layers, keras.ops) each stage calls."""
