@@ -43,19 +43,3 @@ def Compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
         return compiled(*tf.nest.map_structure(_Read, args))
 
     return Run
-
-
-def CompiledFunctionCalls(graph: tf.Graph) -> list[tuple[str, str]]:
-    """(device, function name) of each call of an XLA-compiled function in `graph`
-    (forward and gradient functions alike): what a test reads to see that every
-    stage's work is compiled on its own device."""
-    found = []
-    for op in graph.get_operations():
-        if op.type not in ("PartitionedCall", "StatefulPartitionedCall"):
-            continue
-        fn = op.get_attr("f").name
-        definition = graph._get_function(fn)  # noqa: SLF001 (the only lookup TF offers)
-        attrs = definition.cached_definition.attr if definition is not None else {}
-        if "_XlaMustCompile" in attrs and attrs["_XlaMustCompile"].b:
-            found.append((op.device, fn))
-    return found
