@@ -445,6 +445,13 @@ class BaseLayer(tf.Module):
     def children(self) -> NestedMap:
         return self._private_children
 
+    def Descendants(self) -> Iterator[BaseLayer]:
+        """The layers below this one: each child, then its descendants, in creation order."""
+        for child in self._private_children.values():
+            for c in child if isinstance(child, list) else [child]:
+                yield c
+                yield from c.Descendants()
+
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: children are attributes too.
         children = self.__dict__.get("_private_children")
@@ -513,3 +520,10 @@ def Meta(out_shapes: Any, flops: int, num_params: int) -> NestedMap:
 def ToShape(shape: Any) -> tf.TensorShape:
     """tf.TensorShape of a shape-like (list, tuple, TensorShape) for FPropMeta."""
     return shape if isinstance(shape, tf.TensorShape) else tf.TensorShape(shape)
+
+
+def NormShape(shape: Any) -> Any:
+    """A shape-like as tf.TensorShape; NestedMaps (and dicts) of shapes keep their structure."""
+    if isinstance(shape, dict):
+        return NestedMap({k: NormShape(v) for k, v in shape.items()})
+    return ToShape(shape)

@@ -65,6 +65,18 @@ def test_vars_and_theta_mirror_the_child_tree():
     assert len(tree.trainable_variables) == 4
 
 
+def test_descendants_walk_children_and_lists_of_children_in_order():
+    outer = Tree.Params().Set(name="outer", first=Tree.Params(), num_rest=1).Instantiate()
+    paths = [layer.path for layer in outer.Descendants()]
+    assert paths == [
+        "outer/first",
+        "outer/first/first",
+        "outer/first/rest_0",
+        "outer/first/rest_1",
+        "outer/rest_0",
+    ]
+
+
 def test_variable_names_follow_the_layer_path():
     names = sorted(v.name for v in _Tree().variables)
     assert names == ["tree/bias:0", "tree/first/w:0", "tree/rest_0/w:0", "tree/rest_1/w:0"]

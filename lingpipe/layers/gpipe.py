@@ -159,17 +159,15 @@ class PipeliningLayer(base_layer.BaseLayer):
                 f"cell_tpl); every {'chunk' if num_chunks > p.num_stages else 'stage'} needs at "
                 "least one cell"
             )
-        self._devices = self._ResolveDevices(p.devices, p.num_stages)
+        self._devices = cluster.PipelineDevices(p.devices, p.num_stages, self.path)
         self._metas = costs.CellMetas(p, cells, tuple(p.input_shapes)) if p.input_shapes else None
         self._cell_costs = self._CellCosts(cells)
         self._counts = self._Partition(cells, num_chunks)
-        self._stage_cells: list[list[int]] = []
-        for s, (start, end) in enumerate(partition.Boundaries(self._counts)):
-            self._stage_cells.append(list(range(start, end)))
+        self._stage_cells = [list(range(*ends)) for ends in partition.Boundaries(self._counts)]
+        for s, idx in enumerate(self._stage_cells):
             with tf.device(self.StageDevice(s)):
-                for i in range(start, end):
+                for i in idx:
                     self.CreateChild(f"cell_{i}", cells[i])
-        self._num_cells = len(cells)
         object.__setattr__(self, "_seen_shapes", None)
         if p.jit_compile_stages:
             self._CheckCompilable()
@@ -193,23 +191,6 @@ class PipeliningLayer(base_layer.BaseLayer):
                     f"{type(c).__name__}"
                 )
         return list(cell_tpl)
-
-    def _ResolveDevices(self, devices: Any, num_stages: int) -> list[str]:
-        if devices is None:
-            try:
-                return cluster.StageDevices(num_stages)
-            except ValueError as e:
-                raise ValueError(f"{self.path}: num_stages={num_stages}: {e}") from None
-        devices = list(devices)
-        if len(devices) != num_stages:
-            raise ValueError(
-                f"{self.path}: expected one device per stage, received {len(devices)} "
-                f"device(s) {devices} for num_stages={num_stages}"
-            )
-        try:
-            return [cluster.CanonicalDevice(d) for d in devices]
-        except ValueError as e:
-            raise ValueError(f"{self.path}: {e}") from None
 
     def _CellCosts(self, cells: list) -> list[float]:
         p = self.params
@@ -264,21 +245,14 @@ class PipeliningLayer(base_layer.BaseLayer):
     def _CheckCompilable(self) -> None:
         """Refuses jit_compile_stages for cells with batch norm: their statistics are
         recorded as tensors of the stage's function and would leak out of it."""
-        todo = [(f"cell_{i}", c) for i, c in enumerate(self.Cells())]
-        while todo:
-            name, layer = todo.pop()
-            if isinstance(layer, normalization.BatchNormLayer):
-                raise ValueError(
-                    f"{self.path}: jit_compile_stages=True cannot compile {layer.path} "
-                    f"(BatchNormLayer in {name}): its batch statistics leave the stage's "
-                    "function; set jit_compile_stages=False or use LayerNorm"
-                )
-            for child in layer.children.values():
-                todo.extend((name, c) for c in (child if isinstance(child, list) else [child]))
-
-    def _Compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """`fn` compiled with XLA per call when p.jit_compile_stages, else `fn`."""
-        return xla.Compiled(fn) if self.params.jit_compile_stages else fn
+        for i, cell in enumerate(self.Cells()):
+            for layer in [cell, *cell.Descendants()]:
+                if isinstance(layer, normalization.BatchNormLayer):
+                    raise ValueError(
+                        f"{self.path}: jit_compile_stages=True cannot compile {layer.path} "
+                        f"(BatchNormLayer in cell_{i}): its batch statistics leave the stage's "
+                        "function; set jit_compile_stages=False or use LayerNorm"
+                    )
 
     # ---- Introspection ------------------------------------------------------
 
@@ -292,7 +266,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         return [list(c) for c in self._stage_cells]
 
     def StageDevice(self, stage: int) -> str:
-        """The device of `stage`, as the schedule places it."""
+        """The device of `stage` (-1: the last), as the schedule places it."""
         return self._devices[self._placement.DeviceOf(stage)]
 
     @property
@@ -301,7 +275,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         return list(self._cell_costs)
 
     def Cells(self) -> list[base_layer.BaseLayer]:
-        return [getattr(self, f"cell_{i}") for i in range(self._num_cells)]
+        return [getattr(self, f"cell_{i}") for i in range(len(self.params.cell_tpl))]
 
     def PartitionReport(
         self, input_shapes: Sequence[Any] | None = None, optimizer: Any = None
@@ -315,13 +289,10 @@ class PipeliningLayer(base_layer.BaseLayer):
         """
         p = self.params
         shapes = input_shapes or p.input_shapes or self._seen_shapes
-        metas = self._metas
-        if shapes is not None and (metas is None or input_shapes):
-            metas = costs.CellMetas(p, p.cell_tpl, tuple(shapes))
-        micro = p.num_micro_batches
-        if shapes is not None:
-            batch = sequential.NormShape(tf.nest.flatten(tuple(shapes))[0])[p.batch_dim]
-            micro = self._NumMicroBatches(batch) if batch else p.num_micro_batches
+        shapes = None if shapes is None else tuple(shapes)
+        metas = None if shapes is None else costs.CellMetas(p, p.cell_tpl, shapes)
+        batch = None if shapes is None else base_layer.NormShape(tf.nest.flatten(shapes)[0])
+        micro = self._NumMicroBatches(None if batch is None else batch[p.batch_dim])
         stages = []
         for k, idx in enumerate(self._stage_cells):
             cells = [getattr(self, f"cell_{i}") for i in idx]
@@ -348,14 +319,7 @@ class PipeliningLayer(base_layer.BaseLayer):
             kept = self.KeptActivations(sched)
             report.AddMemory(
                 lambda: memory.Estimate(
-                    p,
-                    p.cell_tpl,
-                    self._stage_cells,
-                    tuple(shapes),
-                    sched,
-                    kept,
-                    optimizer,
-                    p.batch_dim,
+                    p, p.cell_tpl, self._stage_cells, shapes, sched, kept, optimizer, p.batch_dim
                 ),
                 memory.Note(sched, p.remat, optimizer),
             )
@@ -363,23 +327,24 @@ class PipeliningLayer(base_layer.BaseLayer):
 
     # ---- Computation --------------------------------------------------------
 
-    def _NumMicroBatches(self, batch: micro_batch.Size) -> int:
+    def _NumMicroBatches(self, batch: micro_batch.Size | None) -> int:
         p = self.params
-        if p.micro_batch_size is None:
+        if p.micro_batch_size is None or not batch:  # not batch: unknown in PartitionReport
             return p.num_micro_batches
-        if not isinstance(batch, int):
+        return -(-batch // p.micro_batch_size)
+
+    def _Sizes(self, args: tuple) -> list[micro_batch.Size]:
+        """Micro-batch sizes for these inputs (validates the batch)."""
+        p = self.params
+        batch = micro_batch.BatchSize(args, p.batch_dim, self.path)
+        shapes = tf.nest.map_structure(lambda t: getattr(t, "shape", None), args)
+        object.__setattr__(self, "_seen_shapes", shapes)  # for PartitionReport; not tracked
+        if p.micro_batch_size is not None and not isinstance(batch, int):
             raise ValueError(
                 f"{self.path}: micro_batch_size={p.micro_batch_size} needs a batch size known "
                 "at trace time, received a batch of unknown size (None); set "
                 "num_micro_batches instead, or give the inputs a static batch"
             )
-        return -(-batch // p.micro_batch_size)
-
-    def _Sizes(self, args: tuple) -> list[micro_batch.Size]:
-        """Micro-batch sizes for these inputs (validates the batch)."""
-        batch = micro_batch.BatchSize(args, self.params.batch_dim, self.path)
-        shapes = tf.nest.map_structure(lambda t: getattr(t, "shape", None), args)
-        object.__setattr__(self, "_seen_shapes", shapes)  # for PartitionReport; not tracked
         return micro_batch.Sizes(batch, self._NumMicroBatches(batch), self.path)
 
     def _RunCells(self, indices: Sequence[int], thetas: Sequence[NestedMap], args: tuple) -> Any:
@@ -417,9 +382,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         """
         sizes = self._Sizes(args)
         if self.do_eval:
-            sched = self._FillDrain(len(sizes), backward=False)
-            step = executor.Forward(sched, *self._Work(theta, args, sizes, sched))
-            return self._Merged(step.Outputs(), sizes)
+            return self._Forward(theta, args, sizes, backward=False)[0]
         with normalization.BatchNormStats() as stats:
             outputs = self._Differentiable(theta, args, sizes)
         stats.Apply()
@@ -437,13 +400,6 @@ class PipeliningLayer(base_layer.BaseLayer):
 
         return Context
 
-    def _FillDrain(self, micro: int, backward: bool = True) -> schedule.Schedule:
-        """What FProp runs: every forward, then (under a tape) every backward, over the
-        placement of p.schedule; without backwards the forward-only schedule."""
-        pl = self._placement
-        name = "gpipe" if backward else "forward_only"
-        return generators.BreadthFirst(name, pl.num_devices, micro, placement=pl.stage_devices)
-
     def _Work(self, theta: NestedMap, args: tuple, sizes: list, sched: schedule.Schedule) -> tuple:
         """executor.Forward's arguments after the schedule: stages, micro-batches, keep, context."""
         with tf.device(self._devices[0]), tf.name_scope("split"):
@@ -451,20 +407,26 @@ class PipeliningLayer(base_layer.BaseLayer):
         kept = self.KeptActivations(sched)
         return self._Stages(theta), micro_args, lambda s, m: (s, m) in kept, self._Contexts()
 
-    def _Merged(self, micro_outputs: list, sizes: list) -> Any:
-        """The last stage's outputs of every micro-batch, as FProp returns them."""
-        outputs = [sequential.AsArgs(o) for o in micro_outputs]
-        outputs = [o[0] if len(o) == 1 else o for o in outputs]
+    def _Forward(self, theta: NestedMap, args: tuple, sizes: list, backward: bool) -> tuple:
+        """FProp's forwards: fill-drain ('gpipe', or without `backward` 'forward_only')
+        over the placement of p.schedule -> (the outputs as FProp returns them, the
+        executor's step for executor.Backward)."""
+        pl = self._placement
+        name = "gpipe" if backward else "forward_only"
+        sched = generators.BreadthFirst(
+            name, pl.num_devices, len(sizes), placement=pl.stage_devices
+        )
+        step = executor.Forward(sched, *self._Work(theta, args, sizes, sched))
+        outputs = [o[0] if isinstance(o, tuple) and len(o) == 1 else o for o in step.Outputs()]
         if len(sizes) == 1:
-            return outputs[0]
-        with tf.device(self.StageDevice(len(self._stage_cells) - 1)), tf.name_scope("merge"):
-            return micro_batch.Merge(outputs, sizes, self.params.batch_dim)
+            return outputs[0], step
+        with tf.device(self.StageDevice(-1)), tf.name_scope("merge"):
+            return micro_batch.Merge(outputs, sizes, self.params.batch_dim), step
 
     def _Differentiable(self, theta: NestedMap, args: tuple, sizes: list) -> Any:
         """The fill-drain forwards, as one custom gradient whose gradient runs the
         executor's backwards from the outputs' gradient, each on its stage's device."""
         p = self.params
-        sched = self._FillDrain(len(sizes))
         flat = tf.nest.flatten((theta, args))
         pos = [i for i, x in enumerate(flat) if isinstance(x, (tf.Tensor, tf.Variable))]
 
@@ -473,13 +435,12 @@ class PipeliningLayer(base_layer.BaseLayer):
             for i, t in zip(pos, tensors):
                 leaves[i] = t
             th, a = tf.nest.pack_sequence_as((theta, args), leaves)
-            step = executor.Forward(sched, *self._Work(th, a, sizes, sched))
-            return self._Merged(step.Outputs(), sizes), (step, th, a)
+            outputs, step = self._Forward(th, a, sizes, backward=True)
+            return outputs, (step, th, a)
 
         def Backward(state: tuple, dys: Any) -> tuple[list, dict]:
             step, th, a = state
-            last = self.StageDevice(sched.num_stages - 1)
-            with tf.device(last), tf.name_scope("split_dy"):
+            with tf.device(self.StageDevice(-1)), tf.name_scope("split_dy"):
                 micro_dys = micro_batch.SplitLike(dys, step.Outputs(), sizes, p.batch_dim)
             result = executor.Backward(step, micro_dys)
             with tf.device(self._devices[0]), tf.name_scope("merge_dx"):
@@ -487,8 +448,8 @@ class PipeliningLayer(base_layer.BaseLayer):
             grads = tf.nest.flatten((self._ThetaGrads(th, result), input_grads))
             return [grads[i] for i in pos], result.extra_grads
 
-        device = self.StageDevice(sched.num_stages - 1)
-        return under_tape.Differentiable([flat[i] for i in pos], Forward, Backward, device)
+        tensors = [flat[i] for i in pos]
+        return under_tape.Differentiable(tensors, Forward, Backward, self.StageDevice(-1))
 
     def _StageThetas(self, theta: NestedMap) -> list[NestedMap]:
         return [
@@ -561,7 +522,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         stages, micro_args, keep, context = self._Work(theta, args, sizes, sched)
         micro_loss = [None] * len(sizes)
         if loss_inputs is not None:
-            with tf.device(self.StageDevice(sched.num_stages - 1)), tf.name_scope("split_loss"):
+            with tf.device(self.StageDevice(-1)), tf.name_scope("split_loss"):
                 micro_loss = micro_batch.Split(loss_inputs, sizes, p.batch_dim)
         with normalization.BatchNormStats() as stats:
             result = executor.Run(
@@ -581,7 +542,7 @@ class PipeliningLayer(base_layer.BaseLayer):
             th = tf.nest.pack_sequence_as(theta, weights)
             return self._RunCells(idx, [th[f"cell_{i}"] for i in idx], sequential.AsArgs(inputs))
 
-        return self._Compiled(Run)
+        return xla.Compiled(Run) if self.params.jit_compile_stages else Run
 
     def FPropSequential(self, theta: NestedMap, *args: Any) -> Any:
         """The reference: the same cells and micro-batches, one after another, no devices.
@@ -592,7 +553,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         p = self.params
         sizes = self._Sizes(args)
         micro_args = micro_batch.Split(args, sizes, p.batch_dim)
-        indices = list(range(self._num_cells))
+        indices = list(range(len(p.cell_tpl)))
         thetas = [theta[f"cell_{i}"] for i in indices]
         with normalization.BatchNormStats() as stats:
             outputs = []

@@ -37,20 +37,13 @@ def RunChain(
     return outputs
 
 
-def NormShape(shape: Any) -> Any:
-    """A shape-like as tf.TensorShape; NestedMaps (and dicts) of shapes keep their structure."""
-    if isinstance(shape, dict):
-        return NestedMap({k: NormShape(v) for k, v in shape.items()})
-    return base_layer.ToShape(shape)
-
-
 def ChainMeta(
     parent_p: hyperparams.Params,
     params_list: Sequence[hyperparams.InstantiableParams],
     input_shapes: tuple,
 ) -> NestedMap:
     """Chains the FPropMeta of `params_list`: out_shapes of one are the next one's inputs."""
-    shapes = tuple(NormShape(s) for s in input_shapes)
+    shapes = tuple(base_layer.NormShape(s) for s in input_shapes)
     flops = num_params = 0
     for child_p in params_list:
         # The child as the parent would build it: it inherits the parent's base params.
@@ -133,7 +126,7 @@ class RepeatLayer(base_layer.BaseLayer):
         where = p.name or cls.__name__
         _CheckRepeat(p.body, p.repeat, where)
         meta = ChainMeta(p, [p.body], input_shapes)
-        in_shapes = tuple(NormShape(s) for s in input_shapes)
+        in_shapes = tuple(base_layer.NormShape(s) for s in input_shapes)
         if p.repeat > 1 and not _ShapesEqual(meta.out_shapes, in_shapes):
             raise ValueError(
                 f"{where}: repeat={p.repeat} needs a body whose output shapes equal its "

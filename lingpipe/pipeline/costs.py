@@ -18,13 +18,6 @@ from lingpipe import base_layer, hyperparams
 from lingpipe.nested_map import NestedMap
 
 
-def _Shape(shape: Any) -> Any:
-    """A shape-like as tf.TensorShape; NestedMaps (and dicts) of shapes keep their structure."""
-    if isinstance(shape, dict):
-        return NestedMap({k: _Shape(v) for k, v in shape.items()})
-    return base_layer.ToShape(shape)
-
-
 def AsArgs(outputs: Any) -> tuple:
     """The positional arguments that a cell's outputs become for the next cell."""
     return outputs if isinstance(outputs, tuple) else (outputs,)
@@ -39,7 +32,7 @@ def CellMetas(
 
     Returns one NestedMap per cell: flops, num_params, in_shapes, out_shapes.
     """
-    shapes = tuple(_Shape(s) for s in input_shapes)
+    shapes = tuple(base_layer.NormShape(s) for s in input_shapes)
     metas = []
     for i, p in enumerate(cell_params):
         # The cell as the parent builds it: it inherits the parent's base params.
@@ -95,17 +88,15 @@ def ProfileCells(
 
         @tf.function
         def Step(*inputs, cell=cell):
+            floats = [t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
             with tf.GradientTape() as tape:
-                tape.watch([t for t in tf.nest.flatten(inputs) if t.dtype.is_floating])
+                tape.watch(floats)
                 out = cell(*inputs)
                 loss = tf.add_n(
                     [tf.reduce_sum(o) for o in tf.nest.flatten(out) if o.dtype.is_floating]
                     or [tf.constant(0.0)]
                 )
-            sources = cell.trainable_variables or [
-                t for t in tf.nest.flatten(inputs) if t.dtype.is_floating
-            ]
-            return out, tape.gradient(loss, sources)
+            return out, tape.gradient(loss, cell.trainable_variables or floats)
 
         out, _ = Step(*args)  # trace and warm up
         best = float("inf")
