@@ -47,6 +47,7 @@ final scaling by 1 / (sum_m w_m * loss_scale) undoes it, in float32.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -177,23 +178,17 @@ class _Step:
     def Forward(self, s: int, m: int, ctx: StageContext) -> tuple[Any, Any, Any]:
         """Runs the stage (and the loss on the last stage) in `ctx`: (tape, outputs, objective)."""
         stage, inputs = self.stages[s], self.Inputs(s, m)
-        tape = None
-        if ctx.recompute or self.keep(s, m):
-            tape = tf.GradientTape()
-            tape.__enter__()
-            tape.watch([x for x in tf.nest.flatten(inputs) + stage.weights if _IsFloat(x)])
-        try:
-            with Entered(ctx):
-                outputs = ctx.annotate(stage.run(stage.weights, inputs))
-                objective = None
-                if s == self.sched.num_stages - 1 and self.loss_fn is not None:
-                    metrics = CheckMetrics(self.loss_fn(outputs, self.loss_inputs[m]))
-                    if not ctx.recompute:
-                        self.metrics[m] = metrics
-                    objective = self._Objective(*metrics.loss)
-        finally:
+        tape = tf.GradientTape() if ctx.recompute or self.keep(s, m) else None
+        with tape or contextlib.nullcontext(), Entered(ctx):
             if tape is not None:
-                tape.__exit__(None, None, None)
+                tape.watch([x for x in tf.nest.flatten(inputs) + stage.weights if _IsFloat(x)])
+            outputs = ctx.annotate(stage.run(stage.weights, inputs))
+            objective = None
+            if s == self.sched.num_stages - 1 and self.loss_fn is not None:
+                metrics = CheckMetrics(self.loss_fn(outputs, self.loss_inputs[m]))
+                if not ctx.recompute:
+                    self.metrics[m] = metrics
+                objective = self._Objective(*metrics.loss)
         return tape, outputs, objective
 
     def _Objective(self, value: tf.Tensor, weight: Any) -> tf.Tensor:
@@ -228,50 +223,40 @@ class _Step:
                 if dy is not None and _IsFloat(o)
             ]
             targets, dys = [o for o, _ in pairs], [dy for _, dy in pairs]
-        in_pos = [i for i, x in enumerate(flat_in) if _IsFloat(x)]
-        w_pos = [i for i, w in enumerate(stage.weights) if _IsFloat(w)]
-        weights = [stage.weights[i] for i in w_pos]
+        weights = [w for w in stage.weights if _IsFloat(w)]
         # Variables read but not among the weights (by the loss, or a cell's own read).
         known = {w.ref() for w in weights if isinstance(w, tf.Variable)}
         extras = [v for v in tape.watched_variables() if v.ref() not in known]
-        sources = [flat_in[i] for i in in_pos] + list(weights) + extras
+        sources = [x for x in flat_in if _IsFloat(x)] + weights + extras
         grads = tape.gradient(
             targets,
             sources,
             output_gradients=dys,
             unconnected_gradients=tf.UnconnectedGradients.NONE,
         )
-        input_grads = [None] * len(flat_in)
-        for i, g in zip(in_pos, grads):
-            input_grads[i] = g
-        n = len(in_pos) + len(weights)
-        weight_grads = [None] * len(stage.weights)
-        for i, g in zip(w_pos, grads[len(in_pos) : n]):
-            weight_grads[i] = precision.ForAccumulation(_Dense(g))
-        extra_grads = {
-            v.ref(): precision.ForAccumulation(_Dense(g)) for v, g in zip(extras, grads[n:])
-        }
+        taken = iter(grads)  # in the order of `sources`; None where a leaf is not floating point
+        input_grads = [next(taken) if _IsFloat(x) else None for x in flat_in]
+        weight_grads = [
+            precision.ForAccumulation(_Dense(next(taken))) if _IsFloat(w) else None
+            for w in stage.weights
+        ]
+        extra_grads = {v.ref(): precision.ForAccumulation(_Dense(next(taken))) for v in extras}
         return input_grads, weight_grads, extra_grads
 
     def Accumulate(self, s: int, weight_grads: list, extra_grads: dict) -> list:
         self.sums[s] = [_Add(a, g) for a, g in zip(self.sums[s], weight_grads)]
         for ref, g in extra_grads.items():
             self.extra[ref] = _Add(self.extra.get(ref), g)
-        return [g for g in self.sums[s] if g is not None] + [
-            g for g in self.extra.values() if g is not None
-        ]
+        return [g for g in self.sums[s] + list(self.extra.values()) if g is not None]
 
     def DoBackward(self, s: int, m: int) -> list:
-        ctx = self.context(s, m)
-        input_grads, weight_grads, extra_grads = self.Gradients(s, m)
-        self.input_grads[(s, m)] = ctx.annotate(input_grads)
-        return [g for g in self.input_grads[(s, m)] if g is not None] + self.Accumulate(
-            s, ctx.annotate(weight_grads), extra_grads
-        )
+        return self.DoBackwardInput(s, m, hold=False) + self.DoBackwardWeight(s, m, [])
 
-    def DoBackwardInput(self, s: int, m: int) -> list:
+    def DoBackwardInput(self, s: int, m: int, hold: bool = True) -> list:
+        """The inputs' gradient, sent on; the weights' waits in `pending` for W, with (if
+        `hold`, in a graph) the ops that only it needs."""
         ctx = self.context(s, m)
-        graph = None if self.eager else tf.compat.v1.get_default_graph()
+        graph = None if self.eager or not hold else tf.compat.v1.get_default_graph()
         first = 0 if graph is None else len(graph.get_operations())
         input_grads, weight_grads, extra_grads = self.Gradients(s, m)
         held = []

@@ -19,14 +19,13 @@ import tensorflow as tf
 Size = int | tf.Tensor  # a static size, or a scalar int32 tensor known at run time
 
 
-def _Leaves(structure: Any, batch_dim: int) -> list[tuple[int, Any]]:
-    return [
-        (i, leaf)
-        for i, leaf in enumerate(tf.nest.flatten(structure))
-        if isinstance(leaf, (tf.Tensor, tf.Variable))
+def _HasDim(leaf: Any, batch_dim: int) -> bool:
+    """Whether `leaf` is a tensor of known rank with a dimension batch_dim."""
+    return (
+        isinstance(leaf, (tf.Tensor, tf.Variable))
         and leaf.shape.rank is not None
         and leaf.shape.rank > batch_dim
-    ]
+    )
 
 
 def BatchSize(structure: Any, batch_dim: int, where: str = "pipeline") -> Size:
@@ -37,17 +36,17 @@ def BatchSize(structure: Any, batch_dim: int, where: str = "pipeline") -> Size:
     decides the batch, whatever its name. When the deciding size is unknown at
     trace time, the batch is `tf.shape(leaf)[batch_dim]` of the first such leaf.
     """
-    leaves = _Leaves(structure, batch_dim)
+    leaves = [leaf for leaf in tf.nest.flatten(structure) if _HasDim(leaf, batch_dim)]
     if not leaves:
         raise ValueError(
             f"{where}: no input tensor has a dimension batch_dim={batch_dim} to split into "
             f"micro-batches; received {tf.nest.map_structure(Describe, structure)}"
         )
-    sizes = [leaf.shape[batch_dim] for _, leaf in leaves]
+    sizes = [leaf.shape[batch_dim] for leaf in leaves]
     size = max(dict.fromkeys(sizes), key=sizes.count)
     if size is not None:
         return int(size)
-    leaf = next(leaf for _, leaf in leaves if leaf.shape[batch_dim] is None)
+    leaf = next(leaf for leaf in leaves if leaf.shape[batch_dim] is None)
     return tf.shape(leaf, out_type=tf.int32)[batch_dim]
 
 
@@ -84,11 +83,7 @@ def Sizes(batch: Size, num_micro_batches: int, where: str = "pipeline") -> list[
 
 def IsBatched(leaf: Any, batch: Size, batch_dim: int) -> bool:
     """Whether `leaf` has the batch along batch_dim: its static size is `batch`, or unknown."""
-    if not (
-        isinstance(leaf, (tf.Tensor, tf.Variable))
-        and leaf.shape.rank is not None
-        and leaf.shape.rank > batch_dim
-    ):
+    if not _HasDim(leaf, batch_dim):
         return False
     size = leaf.shape[batch_dim]
     return size is None or (isinstance(batch, int) and size == batch)
@@ -124,16 +119,11 @@ def Merge(micro_outputs: list[Any], sizes: list[Size], batch_dim: int) -> Any:
     A leaf that is not batched in every micro-batch (a per-micro-batch scalar, say)
     is stacked into a new leading dimension of size M.
     """
-    first = micro_outputs[0]
-    flats = [tf.nest.flatten(o) for o in micro_outputs]
     merged = []
-    for i in range(len(flats[0])):
-        parts = [flat[i] for flat in flats]
-        if all(IsBatched(p, s, batch_dim) for p, s in zip(parts, sizes)):
-            merged.append(tf.concat(parts, axis=batch_dim))
-        else:
-            merged.append(tf.stack(parts))
-    return tf.nest.pack_sequence_as(first, merged)
+    for parts in zip(*[tf.nest.flatten(o) for o in micro_outputs]):
+        batched = all(IsBatched(p, s, batch_dim) for p, s in zip(parts, sizes))
+        merged.append(tf.concat(parts, axis=batch_dim) if batched else tf.stack(parts))
+    return tf.nest.pack_sequence_as(micro_outputs[0], merged)
 
 
 def SplitLike(merged: Any, micro_outputs: list[Any], sizes: list[Size], batch_dim: int) -> list:
@@ -167,8 +157,7 @@ def MergeGradients(
     """
     batch = _Total(sizes)
     merged = []
-    for i, leaf in enumerate(tf.nest.flatten(structure)):
-        parts = [grads[i] for grads in micro_grads]
+    for leaf, parts in zip(tf.nest.flatten(structure), zip(*micro_grads)):
         batched = len(parts) > 1 and IsBatched(leaf, batch, batch_dim)
         if any(g is None for g in parts):
             present = [g for g in parts if g is not None]

@@ -47,8 +47,6 @@ def ForAccumulation(t: Any) -> Any:
 
 def Scale(t: Any, factor: tf.Tensor) -> Any:
     """t * factor, computed in float32 when t is narrow and returned in t's dtype."""
-    if t is None:
-        return None
     if IsNarrow(t.dtype):
         return tf.cast(tf.cast(t, tf.float32) * tf.cast(factor, tf.float32), t.dtype)
     return t * tf.cast(factor, t.dtype)

@@ -20,10 +20,6 @@ import tensorflow as tf
 from lingpipe import base_layer, seeds
 
 
-def _NoAnnotation(values: Any) -> Any:
-    return values
-
-
 @dataclasses.dataclass(frozen=True)
 class StageContext:
     """What the work of `stage` on `micro_batch` needs.
@@ -44,7 +40,7 @@ class StageContext:
     micro_batch: int
     seed_scope: tuple = ()
     recompute: bool = False
-    annotate: Callable[[Any], Any] = _NoAnnotation
+    annotate: Callable[[Any], Any] = lambda values: values
 
     def Replay(self) -> StageContext:
         """The same work, as a recomputation."""
