@@ -121,8 +121,7 @@ class PartitionReport:
             f"imbalance={self.imbalance:.3f} (max stage cost / mean)"
         )
         if hosts:
-            known = [c for c in crossing if c is not None]
-            total = "?" if len(known) < len(crossing) else f"{sum(known) / 1024:.1f} KiB"
+            total = "?" if None in crossing else f"{sum(crossing) / 1024:.1f} KiB"
             lines.append(
                 f"{self.num_hosts} hosts: {total} cross between hosts per step (each "
                 "micro-batch's boundary activations forward, their gradients backward)"
