@@ -338,9 +338,7 @@ class BaseLayer(tf.Module):
             raise ValueError(f"{self.path}: a child or variable named {name!r} already exists")
 
     def _BuildChild(self, default_name: str, params: hyperparams.Params) -> BaseLayer:
-        if not isinstance(params, hyperparams.InstantiableParams) or not (
-            isinstance(params.cls, type) and issubclass(params.cls, BaseLayer)
-        ):
+        if not IsLayerParams(params):
             raise TypeError(
                 f"{self.path}: expected the params of a BaseLayer subclass for child "
                 f"{default_name!r}, received {type(params).__name__}"
@@ -508,6 +506,13 @@ class BaseLayer(tf.Module):
         flops=int, num_params=int). Builds nothing.
         """
         raise TypeError(f"{cls.__name__} must define FPropMeta(cls, p, *input_shapes)")
+
+
+def IsLayerParams(params: Any) -> bool:
+    """Whether `params` are the InstantiableParams of a BaseLayer subclass."""
+    return isinstance(params, hyperparams.InstantiableParams) and (
+        isinstance(params.cls, type) and issubclass(params.cls, BaseLayer)
+    )
 
 
 def Meta(out_shapes: Any, flops: int, num_params: int) -> NestedMap:

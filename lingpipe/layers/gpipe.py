@@ -26,10 +26,8 @@ activations and their gradients between neighbouring stages.
                                # the executor's backwards from dy (one custom gradient)
     out = pipe.ForwardBackward(pipe.theta, (x,), loss_fn)   # p.schedule decides
 
-`ForwardBackward` runs `p.schedule` (a name from lingpipe.pipeline.generators, a
-Schedule, or the path of a CSV file), each micro-batch's loss computed on the
-last stage. Tasks train through it. In eval mode FProp runs a forward-only
-schedule.
+Tasks train through `ForwardBackward`, each micro-batch's loss computed on the
+last stage. In eval mode FProp runs a forward-only schedule.
 """
 
 from __future__ import annotations
@@ -150,7 +148,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         num_chunks = self._placement.num_stages
         if num_chunks > len(cells):
             chunks = f"num_stages={p.num_stages}"
-            if num_chunks != p.num_stages:
+            if num_chunks > p.num_stages:
                 chunks += (
                     f" x num_virtual_stages={num_chunks // p.num_stages} = {num_chunks} chunks"
                 )
@@ -183,9 +181,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         if not cell_tpl:
             raise ValueError(f"{self.path}: cell_tpl is empty; give at least one cell")
         for i, c in enumerate(cell_tpl):
-            if not isinstance(c, hyperparams.InstantiableParams) or not (
-                isinstance(c.cls, type) and issubclass(c.cls, base_layer.BaseLayer)
-            ):
+            if not base_layer.IsLayerParams(c):
                 raise ValueError(
                     f"{self.path}: cell_tpl[{i}] is not the params of a layer, received "
                     f"{type(c).__name__}"
@@ -195,16 +191,10 @@ class PipeliningLayer(base_layer.BaseLayer):
     def _CellCosts(self, cells: list) -> list[float]:
         p = self.params
         policy = p.partition
-        if not isinstance(policy, str):
-            return [1.0] * len(cells)
-        asserts.In(
-            policy,
-            PARTITION_POLICIES,
-            "partition",
-            where=self.path,
-            hint="or give a list of cell counts per stage",
-        )
-        if policy == "uniform":
+        if isinstance(policy, str):
+            hint = "or give a list of cell counts per stage"
+            asserts.In(policy, PARTITION_POLICIES, "partition", where=self.path, hint=hint)
+        if policy == "uniform" or not isinstance(policy, str):
             return [1.0] * len(cells)
         if not p.input_shapes:
             raise ValueError(
@@ -347,14 +337,15 @@ class PipeliningLayer(base_layer.BaseLayer):
             )
         return micro_batch.Sizes(batch, self._NumMicroBatches(batch), self.path)
 
-    def _RunCells(self, indices: Sequence[int], thetas: Sequence[NestedMap], args: tuple) -> Any:
-        """Runs cells `indices` in order; checks each output fits the next cell's FProp."""
+    def _RunCells(self, indices: Sequence[int], theta: NestedMap, args: Any) -> Any:
+        """Runs cells `indices` (theta: theta.cell_i for each) in order; checks each
+        output fits the next cell's FProp."""
         outputs = args
-        for i, theta in zip(indices, thetas):
+        for i in indices:
             cell = getattr(self, f"cell_{i}")
             inputs = sequential.AsArgs(outputs)
             try:
-                inspect.signature(cell.FProp).bind(theta, *inputs)
+                inspect.signature(cell.FProp).bind(theta[f"cell_{i}"], *inputs)
             except TypeError as e:
                 given = "the pipeline's inputs" if i == 0 else f"cell_{i - 1}'s outputs"
                 described = tf.nest.map_structure(micro_batch.Describe, inputs)
@@ -363,7 +354,7 @@ class PipeliningLayer(base_layer.BaseLayer):
                     f"{len(inputs)} value(s) {described} for "
                     f"FProp{inspect.signature(cell.FProp)} ({e})"
                 ) from None
-            outputs = cell.FProp(theta, *inputs)
+            outputs = cell.FProp(theta[f"cell_{i}"], *inputs)
         return outputs
 
     def FProp(self, theta: NestedMap, *args: Any) -> Any:
@@ -493,11 +484,8 @@ class PipeliningLayer(base_layer.BaseLayer):
         loss_inputs: Any = None,
         loss_scale: tf.Tensor | None = None,
     ) -> NestedMap:
-        """One training step's forward and backward, in the order of `p.schedule`.
-
-        Every forward, recomputation and backward of stage s runs on its device;
-        the executor creates the backward itself (lingpipe.pipeline.executor), so
-        the schedule decides the order whoever asks for gradients.
+        """One training step's forward and backward, in the order of `p.schedule` (the
+        executor creates the backward itself, so the schedule decides its order).
 
         Args:
           theta: this layer's theta (cell_0 .. cell_{N-1}).
@@ -539,8 +527,7 @@ class PipeliningLayer(base_layer.BaseLayer):
 
     def _StageFn(self, idx: list[int], theta: NestedMap) -> Callable[[list, Any], Any]:
         def Run(weights: list, inputs: Any) -> Any:
-            th = tf.nest.pack_sequence_as(theta, weights)
-            return self._RunCells(idx, [th[f"cell_{i}"] for i in idx], sequential.AsArgs(inputs))
+            return self._RunCells(idx, tf.nest.pack_sequence_as(theta, weights), inputs)
 
         return xla.Compiled(Run) if self.params.jit_compile_stages else Run
 
@@ -553,13 +540,11 @@ class PipeliningLayer(base_layer.BaseLayer):
         p = self.params
         sizes = self._Sizes(args)
         micro_args = micro_batch.Split(args, sizes, p.batch_dim)
-        indices = list(range(len(p.cell_tpl)))
-        thetas = [theta[f"cell_{i}"] for i in indices]
         with normalization.BatchNormStats() as stats:
             outputs = []
             for m, a in enumerate(micro_args):
                 with seeds.StepSeedScope(m):
-                    outputs.append(self._RunCells(indices, thetas, a))
+                    outputs.append(self._RunCells(range(len(p.cell_tpl)), theta, a))
         stats.Apply()
         return outputs[0] if len(sizes) == 1 else micro_batch.Merge(outputs, sizes, p.batch_dim)
 

@@ -335,9 +335,7 @@ def Forward(
     keep: Callable[[int, int], bool],
     context: Callable[[int, int], StageContext],
 ) -> _Step:
-    """Runs the forwards of `sched`, which must all come before its first backward
-    (fill-drain, forward-only); Backward(step, dys) runs the rest. No loss: the last
-    stage's outputs are step.Outputs()."""
+    """Run's first half (see the module docstring): the forwards of `sched`, no loss."""
     order = simulate.Simulate(sched).order
     first = next((i for i, a in enumerate(order) if a.kind != FORWARD), len(order))
     late = [a for a in order[first:] if a.kind == FORWARD]
@@ -387,12 +385,9 @@ def _Finish(step: _Step) -> Result:
     if step.loss_fn is not None:
         with tf.device(context(last, 0).device), tf.name_scope("metrics"):
             for name in step.metrics[0]:
-                pairs = [mm[name] for mm in step.metrics]
-                weights = [tf.cast(w, tf.float32) for _, w in pairs]
-                total = tf.add_n(weights)
-                weighted = tf.add_n(
-                    [tf.cast(v, tf.float32) * w for (v, _), w in zip(pairs, weights)]
-                )
+                pairs = [[tf.cast(x, tf.float32) for x in mm[name]] for mm in step.metrics]
+                total = tf.add_n([w for _, w in pairs])
+                weighted = tf.add_n([v * w for v, w in pairs])
                 metrics[name] = (tf.math.divide_no_nan(weighted, total), total)
             total = metrics.loss[1]
             if step.loss_scale is not None:
@@ -407,9 +402,8 @@ def _Finish(step: _Step) -> Result:
 
     weight_grads = []
     for s, sums in enumerate(step.sums):
-        device = context(s, 0).device
         with tf.name_scope(f"scale_s{s}"):
-            weight_grads.append([Scaled(g, device) for g in sums])
+            weight_grads.append([Scaled(g, context(s, 0).device) for g in sums])
     first = context(0, 0).device
     input_grads = [
         [Scaled(g, first) for g in step.input_grads.pop((0, m))]

@@ -99,18 +99,15 @@ def Split(structure: Any, sizes: list[Size], batch_dim: int) -> list[Any]:
         return [structure]
     batch = _Total(sizes)
     splits = sizes if isinstance(batch, int) else tf.stack(sizes)
-    flat = tf.nest.flatten(structure)
     per_leaf = [
         tf.split(leaf, splits, num=len(sizes), axis=batch_dim)
         if IsBatched(leaf, batch, batch_dim)
-        else None
-        for leaf in flat
+        else [leaf] * len(sizes)
+        for leaf in tf.nest.flatten(structure)
     ]
-    out = []
-    for m in range(len(sizes)):
-        leaves = [parts[m] if parts is not None else leaf for leaf, parts in zip(flat, per_leaf)]
-        out.append(tf.nest.pack_sequence_as(structure, leaves))
-    return out
+    return [
+        tf.nest.pack_sequence_as(structure, [p[m] for p in per_leaf]) for m in range(len(sizes))
+    ]
 
 
 def Merge(micro_outputs: list[Any], sizes: list[Size], batch_dim: int) -> Any:

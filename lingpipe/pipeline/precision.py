@@ -22,10 +22,9 @@ COMPUTE_DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16, "float16": tf.
 
 def ComputeDtype(name: Any) -> tf.DType:
     """The tf.DType of a compute precision given by name ('bfloat16') or dtype."""
-    if isinstance(name, tf.DType) and name.name in COMPUTE_DTYPES:
-        return name
-    if isinstance(name, str) and name in COMPUTE_DTYPES:
-        return COMPUTE_DTYPES[name]
+    key = name.name if isinstance(name, tf.DType) else name
+    if isinstance(key, str) and key in COMPUTE_DTYPES:
+        return COMPUTE_DTYPES[key]
     raise ValueError(
         f"Received an invalid precision, expected one of {sorted(COMPUTE_DTYPES)}. "
         f"Received: precision={name!r}"

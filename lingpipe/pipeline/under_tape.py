@@ -2,12 +2,10 @@
 
     outputs = under_tape.Differentiable(tensors, forward, backward, device)
 
-`forward(tensors)` runs the schedule's forwards (executor.Forward) and returns
-(outputs, step); the gradient of the one `tf.custom_gradient` made here calls
-`backward(step, output_grads)`, which runs the executor's backwards
-(executor.Backward), each action on its stage's device. So `tf.GradientTape` and
-`tf.gradients`, eagerly or in `tf.function`, train a pipeline through the same
-engine as a schedule's ForwardBackward.
+`forward` runs executor.Forward and the gradient `backward` the executor's
+backwards (executor.Backward), each action on its stage's device, so
+`tf.GradientTape` and `tf.gradients`, eagerly or in `tf.function`, train a
+pipeline through the same engine as a schedule's ForwardBackward.
 """
 
 from __future__ import annotations
