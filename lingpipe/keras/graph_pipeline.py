@@ -33,9 +33,8 @@ from keras.src.models import functional as keras_functional
 from lingpipe import asserts, base_layer, cluster, seeds
 from lingpipe.keras import graph as graph_lib
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import executor, generators, micro_batch, schedule, under_tape
+from lingpipe.pipeline import driver, executor, generators, micro_batch, schedule
 from lingpipe.pipeline import remat as remat_lib
-from lingpipe.pipeline.stage_context import StageContext
 
 
 def _Unique(items: list) -> list:
@@ -80,6 +79,9 @@ class GraphPipeline:
         self._graph = graph_lib.Trace(model, where)
         self._cut = graph_lib.MakeCut(self._graph, num_stages, partition, split_points, where)
         self._devices = cluster.PipelineDevices(devices, num_stages, where)
+        # Stage s on device s; the outputs are merged even from one micro-batch.
+        placement = tuple(range(num_stages))
+        self._driver = driver.Driver(self._devices, placement, remat, merge_one=True)
         self.Schedule(num_micro_batches)  # refuses an unknown schedule now
         self._MoveWeights()
         self._Index()
@@ -200,9 +202,11 @@ class GraphPipeline:
 
         return Run
 
-    def _Contexts(self) -> Callable[[int, int], StageContext]:
-        scope = seeds.CurrentScopeValues()
-        return lambda s, m: StageContext(s, self._devices[s], m, scope + (m,))
+    def _Stages(self, theta: list, training: bool, states: dict | None) -> list[executor.Stage]:
+        return [
+            executor.Stage(w, self._StageRun(s, training, states))
+            for s, w in enumerate(self._StageWeights(theta))
+        ]
 
     def _FlatInputs(self, inputs: Any) -> tuple:
         """The model's inputs, flat in model.inputs order and cast to their dtypes."""
@@ -236,57 +240,19 @@ class GraphPipeline:
         """
         flat = self._FlatInputs(inputs)
         sizes = self._Sizes(flat)
-        if not base_layer.DoEval():
-            states: dict = {}
-            merged = self._Differentiable(list(tf.nest.flatten(theta)), flat, sizes, states)
-            self._ApplyStates(states)
-            return self._PackOutputs(merged)
-        sched = self.Schedule(len(sizes), "forward_only")
-        stages = [
-            executor.Stage(w, self._StageRun(s, False, None))
-            for s, w in enumerate(self._StageWeights(theta))
-        ]
-        keep = lambda s, m: False  # noqa: E731 (nothing to keep: no backward)
-        step = executor.Forward(sched, stages, self._Split(flat, sizes), keep, self._Contexts())
-        return self._PackOutputs(self._Merge(step.Outputs(), sizes))
-
-    def _Split(self, flat: tuple, sizes: list) -> list:
-        with tf.device(self._devices[0]), tf.name_scope("split"):
-            return micro_batch.Split(flat, sizes, 0)
-
-    def _Merge(self, micro_outputs: list, sizes: list) -> Any:
-        with tf.device(self._devices[-1]), tf.name_scope("merge"):
-            return micro_batch.Merge(micro_outputs, sizes, 0)
-
-    def _Differentiable(self, theta: list, flat: tuple, sizes: list, states: dict) -> tuple:
-        """Fill-drain forwards as one custom gradient over (theta, inputs) -> the last
-        stage's outputs merged; its gradient is the executor's backwards
-        (lingpipe.pipeline.under_tape)."""
-        sched = self.Schedule(len(sizes), "gpipe")
-        kept = remat_lib.Kept(sched, self._remat)
-        n = len(theta)
-
-        def Forward(tensors: list) -> tuple:
-            stages = [
-                executor.Stage(w, self._StageRun(s, True, states))
-                for s, w in enumerate(self._StageWeights(tensors[:n]))
-            ]
-            micro = self._Split(tuple(tensors[n:]), sizes)
-            step = executor.Forward(
-                sched, stages, micro, lambda s, m: (s, m) in kept, self._Contexts()
-            )
-            return self._Merge(step.Outputs(), sizes), step
-
-        def Backward(step: Any, dys: Any) -> tuple[list, dict]:
-            with tf.device(self._devices[-1]), tf.name_scope("split_dy"):
-                micro_dys = micro_batch.SplitLike(dys, step.Outputs(), sizes, 0)
-            result = executor.Backward(step, micro_dys)
-            with tf.device(self._devices[0]), tf.name_scope("merge_dx"):
-                input_grads = micro_batch.MergeGradients(result.input_grads, flat, sizes, 0)
-            return self._SumGradients(result.weight_grads) + list(input_grads), result.extra_grads
-
-        tensors = list(theta) + list(flat)
-        return under_tape.Differentiable(tensors, Forward, Backward, self._devices[-1])
+        if base_layer.DoEval():
+            outputs, _ = self._driver.Forward(self._Stages(theta, False, None), flat, sizes)
+            return self._PackOutputs(outputs)
+        states: dict = {}
+        outputs = self._driver.Differentiable(
+            list(tf.nest.flatten(theta)),
+            flat,
+            sizes,
+            lambda weights: self._Stages(weights, True, states),
+            lambda weights, result: self._SumGradients(result.weight_grads),
+        )
+        self._ApplyStates(states)
+        return self._PackOutputs(outputs)
 
     def _SumGradients(self, weight_grads: list[list]) -> list:
         """Aligned with .theta: each weight's gradient summed over the stages using it."""
@@ -333,28 +299,14 @@ class GraphPipeline:
         """
         flat = self._FlatInputs(inputs)
         sizes = self._Sizes(flat)
-        sched = self.Schedule(len(sizes))
-        with tf.device(self._devices[0]), tf.name_scope("split"):
-            micro_args = micro_batch.Split(flat, sizes, 0)
-        micro_loss = [None] * len(sizes)
-        if loss_inputs is not None:
-            with tf.device(self._devices[-1]), tf.name_scope("split_loss"):
-                micro_loss = micro_batch.Split(loss_inputs, sizes, 0)
-        states: dict = {}
-        weights = self._StageWeights(theta)
-        stages = [
-            executor.Stage(weights[s], self._StageRun(s, True, states))
-            for s in range(len(self._devices))
-        ]
-        kept = self.KeptActivations(sched)
-        result = executor.Run(
+        sched, states = self.Schedule(len(sizes)), {}
+        result = self._driver.Run(
             sched,
-            stages,
-            micro_args,
+            self._Stages(theta, True, states),
+            flat,
+            sizes,
             lambda outputs, li: loss_fn(self._PackOutputs(outputs), li),
-            micro_loss,
-            lambda s, m: (s, m) in kept,
-            self._Contexts(),
+            loss_inputs,
         )
         self._ApplyStates(states)
         return NestedMap(

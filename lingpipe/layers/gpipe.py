@@ -43,22 +43,25 @@ from lingpipe.layers import normalization, sequential
 from lingpipe.nested_map import NestedMap
 from lingpipe.pipeline import (
     costs,
+    driver,
     executor,
     generators,
     memory,
     micro_batch,
     partition,
-    placement,
     remat,
     schedule,
-    under_tape,
     xla,
 )
 from lingpipe.pipeline import report as report_lib
-from lingpipe.pipeline.stage_context import StageContext
 
 PARTITION_POLICIES = ("uniform", "flops", "params", "profile")
 REMAT_POLICIES = remat.POLICIES
+
+
+def _Unpacked(outputs: Any) -> Any:
+    """A last cell's one output as it is, not in a tuple of one."""
+    return outputs[0] if isinstance(outputs, tuple) and len(outputs) == 1 else outputs
 
 
 class PipeliningLayer(base_layer.BaseLayer):
@@ -158,6 +161,8 @@ class PipeliningLayer(base_layer.BaseLayer):
                 "least one cell"
             )
         self._devices = cluster.PipelineDevices(p.devices, p.num_stages, self.path)
+        stage_devices = self._placement.stage_devices
+        self._driver = driver.Driver(self._devices, stage_devices, p.remat, p.batch_dim)
         self._metas = costs.CellMetas(p, cells, tuple(p.input_shapes)) if p.input_shapes else None
         self._cell_costs = self._CellCosts(cells)
         self._counts = self._Partition(cells, num_chunks)
@@ -373,74 +378,13 @@ class PipeliningLayer(base_layer.BaseLayer):
         """
         sizes = self._Sizes(args)
         if self.do_eval:
-            return self._Forward(theta, args, sizes, backward=False)[0]
+            return _Unpacked(self._driver.Forward(self._Stages(theta), args, sizes)[0])
         with normalization.BatchNormStats() as stats:
-            outputs = self._Differentiable(theta, args, sizes)
+            outputs = self._driver.Differentiable(
+                theta, args, sizes, self._Stages, self._ThetaGrads
+            )
         stats.Apply()
-        return outputs
-
-    def _Contexts(self) -> Callable[[int, int], StageContext]:
-        """context(s, m) -> StageContext: device, seed scope and TPU annotation, read
-        once here (the step's seed scope, the active logical cores) and passed down."""
-        scope = seeds.CurrentScopeValues()
-        annotators = [placement.StageAnnotator(d) for d in self._devices]
-
-        def Context(s: int, m: int) -> StageContext:
-            d = self._placement.DeviceOf(s)
-            return StageContext(s, self._devices[d], m, scope + (m,), False, annotators[d])
-
-        return Context
-
-    def _Work(self, theta: NestedMap, args: tuple, sizes: list, sched: schedule.Schedule) -> tuple:
-        """executor.Forward's arguments after the schedule: stages, micro-batches, keep, context."""
-        with tf.device(self._devices[0]), tf.name_scope("split"):
-            micro_args = micro_batch.Split(args, sizes, self.params.batch_dim)
-        kept = self.KeptActivations(sched)
-        return self._Stages(theta), micro_args, lambda s, m: (s, m) in kept, self._Contexts()
-
-    def _Forward(self, theta: NestedMap, args: tuple, sizes: list, backward: bool) -> tuple:
-        """FProp's forwards: fill-drain ('gpipe', or without `backward` 'forward_only')
-        over the placement of p.schedule -> (the outputs as FProp returns them, the
-        executor's step for executor.Backward)."""
-        pl = self._placement
-        name = "gpipe" if backward else "forward_only"
-        sched = generators.BreadthFirst(
-            name, pl.num_devices, len(sizes), placement=pl.stage_devices
-        )
-        step = executor.Forward(sched, *self._Work(theta, args, sizes, sched))
-        outputs = [o[0] if isinstance(o, tuple) and len(o) == 1 else o for o in step.Outputs()]
-        if len(sizes) == 1:
-            return outputs[0], step
-        with tf.device(self.StageDevice(-1)), tf.name_scope("merge"):
-            return micro_batch.Merge(outputs, sizes, self.params.batch_dim), step
-
-    def _Differentiable(self, theta: NestedMap, args: tuple, sizes: list) -> Any:
-        """The fill-drain forwards, as one custom gradient whose gradient runs the
-        executor's backwards from the outputs' gradient, each on its stage's device."""
-        p = self.params
-        flat = tf.nest.flatten((theta, args))
-        pos = [i for i, x in enumerate(flat) if isinstance(x, (tf.Tensor, tf.Variable))]
-
-        def Forward(tensors: list) -> tuple:
-            leaves = list(flat)
-            for i, t in zip(pos, tensors):
-                leaves[i] = t
-            th, a = tf.nest.pack_sequence_as((theta, args), leaves)
-            outputs, step = self._Forward(th, a, sizes, backward=True)
-            return outputs, (step, th, a)
-
-        def Backward(state: tuple, dys: Any) -> tuple[list, dict]:
-            step, th, a = state
-            with tf.device(self.StageDevice(-1)), tf.name_scope("split_dy"):
-                micro_dys = micro_batch.SplitLike(dys, step.Outputs(), sizes, p.batch_dim)
-            result = executor.Backward(step, micro_dys)
-            with tf.device(self._devices[0]), tf.name_scope("merge_dx"):
-                input_grads = micro_batch.MergeGradients(result.input_grads, a, sizes, p.batch_dim)
-            grads = tf.nest.flatten((self._ThetaGrads(th, result), input_grads))
-            return [grads[i] for i in pos], result.extra_grads
-
-        tensors = [flat[i] for i in pos]
-        return under_tape.Differentiable(tensors, Forward, Backward, self.StageDevice(-1))
+        return _Unpacked(outputs)
 
     def _StageThetas(self, theta: NestedMap) -> list[NestedMap]:
         return [
@@ -503,21 +447,14 @@ class PipeliningLayer(base_layer.BaseLayer):
           input_grads: like inputs (None where not floating point),
           variable_grads: {variable.ref(): gradient} of variables loss_fn read).
         """
-        p = self.params
         args = inputs if isinstance(inputs, tuple) else (inputs,)
         sizes = self._Sizes(args)
-        sched = self.Schedule(len(sizes))
-        stages, micro_args, keep, context = self._Work(theta, args, sizes, sched)
-        micro_loss = [None] * len(sizes)
-        if loss_inputs is not None:
-            with tf.device(self.StageDevice(-1)), tf.name_scope("split_loss"):
-                micro_loss = micro_batch.Split(loss_inputs, sizes, p.batch_dim)
+        sched, stages = self.Schedule(len(sizes)), self._Stages(theta)
         with normalization.BatchNormStats() as stats:
-            result = executor.Run(
-                sched, stages, micro_args, loss_fn, micro_loss, keep, context, loss_scale
-            )
+            result = self._driver.Run(sched, stages, args, sizes, loss_fn, loss_inputs, loss_scale)
         stats.Apply()
-        input_grads = micro_batch.MergeGradients(result.input_grads, args, sizes, p.batch_dim)
+        batch_dim = self.params.batch_dim
+        input_grads = micro_batch.MergeGradients(result.input_grads, args, sizes, batch_dim)
         return NestedMap(
             metrics=result.metrics,
             theta_grads=self._ThetaGrads(theta, result),

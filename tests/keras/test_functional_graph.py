@@ -191,3 +191,39 @@ def test_profile_and_explicit_partitions():
     assert [len(s) for s in explicit.pipeline.cut.stages] == [2, 3]
     with pytest.raises(ValueError, match=r"unknown partition='fast'; expected one of"):
         lpk.Pipeline(_Classifier(), num_stages=2, partition="fast", devices=DEVICES[:2])
+
+
+def test_tpu_logical_cores_annotate_each_stage_of_a_keras_graph():
+    """Under placement.LogicalCores (what TPUStrategy's logical cores use), every
+    annotation for core k is made in stage k's device scope, forward and backward."""
+    import tensorflow as tf
+
+    from lingpipe.pipeline import placement
+
+    keras.utils.set_random_seed(3)
+    pipe = lpk.Pipeline(
+        _Classifier(),
+        num_stages=3,
+        num_micro_batches=2,
+        split_points=["b_dense2", "head"],
+        devices=DEVICES,
+    )
+    cores = set()
+
+    def Assign(tensor, core):
+        out = tf.identity(tensor)  # made where the annotation is made
+        cores.add((core, out.op.device[-1:]))
+        return out
+
+    x, _ = _Data()
+    graph = pipe.pipeline
+
+    @tf.function(autograph=False)
+    def Step():
+        with placement.LogicalCores(Assign, DEVICES), tf.GradientTape() as tape:
+            loss = tf.reduce_sum(graph.FProp(graph.theta, x))
+        return tape.gradient(loss, graph.theta)
+
+    assert all(g is not None for g in Step())
+    assert {core for core, _ in cores} == {0, 1, 2}
+    assert all(device == str(core + 1) for core, device in cores), cores
