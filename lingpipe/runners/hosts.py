@@ -282,15 +282,15 @@ class HostsTrainer(train_loop.Trainer):
         self._cluster = cluster
         self.SetStepTimeout(DEFAULT_STEP_TIMEOUT_S)
 
-    def _StepHung(self, step: int, timeout_s: float) -> train_loop.StepHungError:
+    def _StepHung(self, work: str, timeout_s: float) -> train_loop.StepHungError:
         """Names the workers that no longer answer (a stopped or hung process)."""
         silent = [t for t, a in enumerate(self._cluster.workers) if not Responds(a, 5.0)]
         if not silent:
-            return super()._StepHung(step, timeout_s)
+            return super()._StepHung(work, timeout_s)
         who = ", ".join(self._cluster.Name(t) for t in silent)
         verb = "does" if len(silent) == 1 else "do"
         return train_loop.StepHungError(
-            f"Step {step} did not finish within {timeout_s:g} s (--step_timeout_s): {who} "
+            f"{work} did not finish within {timeout_s:g} s (--step_timeout_s): {who} "
             f"{verb} not answer (stopped or hung). The checkpoints are intact (latest: "
             f"{self.checkpointer.latest}); restart the worker (python -m lingpipe.worker) "
             "and rerun the trainer with the same command to resume from it."

@@ -487,10 +487,11 @@ class Trainer:
         step_deadline); None or 0: steps may take for ever."""
         self._step_timeout_s = timeout_s or None
 
-    def _StepHung(self, step: int, timeout_s: float) -> StepHungError:
-        """The error of a step that did not finish in time (HostsTrainer names the host)."""
+    def _StepHung(self, work: str, timeout_s: float) -> StepHungError:
+        """The error of `work` ('Step 7', 'Writing checkpoint ckpt-5') that did not finish
+        in time (HostsTrainer names the host)."""
         return StepHungError(
-            f"Step {step} did not finish within {timeout_s:g} s (--step_timeout_s): a device "
+            f"{work} did not finish within {timeout_s:g} s (--step_timeout_s): a device "
             f"or worker of the run hangs. The checkpoints are intact (latest: "
             f"{self._checkpointer.latest}); fix or restart it and rerun the same command "
             "to resume."
@@ -508,23 +509,45 @@ class Trainer:
                 bool(result.stop),
             )
 
-        timeout_s = self._step_timeout_s
-        if not timeout_s:
-            return self._Guarded(Step, step)
-        if step == self._first_step:
-            timeout_s *= FIRST_STEP_FACTOR
+        factor = FIRST_STEP_FACTOR if step == self._first_step else 1
         signalled = lambda: self._signals.received if self._signals else None  # noqa: E731
+        return self._Guarded(
+            lambda: self._WithDeadline(
+                Step,
+                signalled,
+                f"Step {step}",
+                factor,
+                f"step {step} waited",
+                "nothing of it was saved",
+            ),
+            step,
+        )
+
+    def _WithDeadline(
+        self,
+        fn: Callable,
+        signalled: Callable[[], str | None],
+        work: str,
+        factor: float,
+        waiting: str,
+        lost: str,
+    ):
+        """fn() within `factor` x --step_timeout_s, hearing signals (`signalled`) while it
+        waits (see step_deadline): StepHungError naming `work` when it does not finish;
+        Stopped saying `waiting` and `lost` when a signal came and it still waits."""
+        if not self._step_timeout_s:
+            return fn()
         try:
-            return self._Guarded(
-                lambda: step_deadline.Call(Step, timeout_s, signalled, name=f"step-{step}"), step
+            return step_deadline.Call(
+                fn, self._step_timeout_s * factor, signalled, name=work.lower().replace(" ", "-")
             )
         except step_deadline.StepTimeout as e:
-            raise self._StepHung(step, e.timeout_s) from None
+            raise self._StepHung(work, e.timeout_s) from None
         except step_deadline.StoppedWhileWaiting as e:
             raise Stopped(
-                f"Stopped by {e.signal_name} while step {step} waited for the devices or "
-                f"workers of the run; nothing of it was saved (latest checkpoint: "
-                f"{self._checkpointer.latest}); rerun the same command to resume"
+                f"Stopped by {e.signal_name} while {waiting} for the devices or workers of the "
+                f"run; {lost} (latest checkpoint: {self._checkpointer.latest}); rerun the same "
+                "command to resume"
             ) from None
 
     def _Guarded(self, run: Callable[[], StepResult], step: int) -> StepResult:
@@ -594,8 +617,21 @@ class Trainer:
         )
 
     def _Save(self, step: int) -> None:
+        """Writes ckpt-<step> (the chief), bounded as a first step is: writing reads every
+        weight from its device, and a stopped worker would hold the write for ever."""
         if self._is_chief and self._saved_step != step:
-            logging.info("Saved %s", self._checkpointer.Save(step))
+            # A signal that came before (the checkpoint written to stop) is not one it
+            # waits on: a second one still gives up at once (StopSignals).
+            before = self._signals.received if self._signals else None
+            path = self._WithDeadline(
+                lambda: self._checkpointer.Save(step),
+                lambda: None if before or not self._signals else self._signals.received,
+                f"Writing checkpoint ckpt-{step}",
+                FIRST_STEP_FACTOR,
+                f"writing checkpoint ckpt-{step} waited",
+                "the checkpoints are intact",
+            )
+            logging.info("Saved %s", path)
         self._saved_step = step
 
     def _Stop(self, step: int, signal_name: str) -> None:

@@ -149,6 +149,7 @@ def test_a_worker_lost_during_a_save_is_named_not_reported_as_an_unwritable_chec
     trainer = object.__new__(hosts.HostsTrainer)
     trainer._cluster = hosts.Cluster("127.0.0.1:1", (f"127.0.0.1:{closed}",))
     trainer._checkpointer, trainer._is_chief, trainer._saved_step = Saver(), True, 5
+    trainer._signals, trainer._step_timeout_s = None, None  # set by Train and __init__
     with pytest.raises(train_loop.ClusterError, match=r"^Step 10 failed: worker 0 \(127"):
         trainer._Save(10)
 
