@@ -285,7 +285,9 @@ class PipeliningLayer(base_layer.BaseLayer):
         p = self.params
         shapes = input_shapes or p.input_shapes or self._seen_shapes
         shapes = None if shapes is None else tuple(shapes)
-        metas = None if shapes is None else costs.CellMetas(p, p.cell_tpl, shapes)
+        metas = self._metas  # of p.input_shapes, chained in __init__
+        if shapes is not None and (metas is None or input_shapes):
+            metas = costs.CellMetas(p, p.cell_tpl, shapes)
         batch = None if shapes is None else base_layer.NormShape(tf.nest.flatten(shapes)[0])
         micro = self._NumMicroBatches(None if batch is None else batch[p.batch_dim])
         stages = []
