@@ -72,18 +72,33 @@ class StopBeforeSteps(_Handlers):
     """While entered (from taking the logdir's lock to the train loop's StopSignals),
     SIGTERM and SIGINT end the run at once with Stopped: no step has run, so there is
     nothing to save, and the lock is released on the way out. Outside the main thread,
-    nothing is caught."""
+    nothing is caught.
+
+    The handler raises wherever the main thread is, so the code it hits may re-wrap
+    the Stopped (TensorFlow's tf.Module walk raises ValueError('Error processing
+    property ...') from it) or swallow it (a fallback that catches everything). The
+    signal is also recorded: an error leaving the block after it becomes Stopped, and
+    the train loop's StopSignals, entered inside, starts with it (see there).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.received: str | None = None  # the name of the first signal
+
+    def _Stopped(self) -> Stopped:
+        return Stopped(
+            f"Stopped by {self.received} before any step ran; the checkpoints are as they "
+            "were; rerun the same command to resume"
+        )
 
     def _Handle(self, signum: int, frame) -> None:
-        name = signal.Signals(signum).name
-        _Raise(
-            Stopped(
-                f"Stopped by {name} before any step ran; the checkpoints are as they were; "
-                "rerun the same command to resume"
-            ),
-            signum,
-            frame,
-        )
+        self.received = self.received or signal.Signals(signum).name
+        _Raise(self._Stopped(), signum, frame)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        super().__exit__()
+        if self.received and exc is not None and not isinstance(exc, (Stopped, KeyboardInterrupt)):
+            raise self._Stopped() from exc
 
 
 class StopSignals(_Handlers):
@@ -96,6 +111,15 @@ class StopSignals(_Handlers):
     def __init__(self) -> None:
         super().__init__()
         self.received: str | None = None  # the name of the first signal
+
+    def __enter__(self):
+        super().__enter__()
+        # A signal that StopBeforeSteps heard but the code it hit swallowed: stop after
+        # the first step, as if it had come during it.
+        for handler in self._previous.values():
+            if isinstance(getattr(handler, "__self__", None), StopBeforeSteps):
+                self.received = self.received or handler.__self__.received
+        return self
 
     def _Handle(self, signum: int, frame) -> None:
         # Only a flag: logging here could deadlock on a lock the interrupted code holds.

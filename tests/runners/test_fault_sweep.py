@@ -430,6 +430,51 @@ def test_a_model_too_big_for_the_machine_is_refused_before_it_is_built(capsys, t
     assert not logdir.exists()
 
 
+def test_a_sigterm_before_the_steps_stops_the_run_even_when_the_code_it_hit_re_wraps_it():
+    """The handler raises Stopped wherever the main thread is; TensorFlow's tf.Module walk
+    re-raises any error from a property as ValueError('Error processing property ...')."""
+    import collections.abc
+    import signal
+
+    import tensorflow as tf
+
+    from lingpipe.runners import train_loop
+
+    class Schedule(collections.abc.Mapping):  # the walk flattens it, running its code
+        def __iter__(self):
+            signal.raise_signal(signal.SIGTERM)
+            return iter(())
+
+        def __getitem__(self, key):
+            raise KeyError(key)
+
+        def __len__(self):
+            return 0
+
+    class Optimizer(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.learning_rate_schedule = Schedule()
+
+    with pytest.raises(train_loop.Stopped, match=r"^Stopped by SIGTERM before any step ran; "):
+        with train_loop.StopBeforeSteps():
+            Optimizer().trainable_variables
+
+
+def test_a_sigterm_before_the_steps_that_the_code_it_hit_swallows_stops_the_loop():
+    import signal
+
+    from lingpipe.runners import train_loop
+
+    with train_loop.StopBeforeSteps():
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except Exception:  # as a fallback that catches everything (autograph's, say)
+            pass
+        with train_loop.StopSignals() as signals:
+            assert signals.received == "SIGTERM"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sigterm", [False, True])
 def test_a_stopped_worker_is_named_with_the_step_and_the_run_ends(tmp_path, sigterm):
