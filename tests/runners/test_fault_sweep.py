@@ -458,7 +458,7 @@ def test_a_sigterm_before_the_steps_stops_the_run_even_when_the_code_it_hit_re_w
 
     with pytest.raises(train_loop.Stopped, match=r"^Stopped by SIGTERM before any step ran; "):
         with train_loop.StopBeforeSteps():
-            Optimizer().trainable_variables
+            assert Optimizer().trainable_variables == ()
 
 
 def test_a_sigterm_before_the_steps_that_the_code_it_hit_swallows_stops_the_loop():
