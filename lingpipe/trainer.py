@@ -496,9 +496,9 @@ def _Train(layout, tasks: list, plan, logdir: str, intervals, run) -> int:
         begin = functools.partial(_ResetMemoryPeaks, pipelines)
         profile = train_loop.ProfileSteps(*run.profile_steps, done, begin)
 
-    def Evaluate(step: int) -> None:
+    def Evaluate(step: int, bound) -> None:
         for evaler in plan.evalers:
-            evaler.Evaluate(step)
+            evaler.Evaluate(step, bound)
 
     trainer = layout.MakeTrainer(
         tasks,

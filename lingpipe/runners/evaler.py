@@ -15,15 +15,21 @@ the latest of them back, for the trainer's closing line.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
 from lingpipe.models import base_task
 from lingpipe.runners import rundir, train_loop
+
+# bound(fn, work, first) -> fn(): how Evaluate runs each batch (see there).
+Bound = Callable[[Callable[[], Any], str, bool], Any]
 
 
 class Evaler:
@@ -94,8 +100,17 @@ class Evaler:
     def num_batches(self) -> int:
         return self._num_batches
 
-    def Evaluate(self, step: int) -> dict[str, float]:
-        """Metrics of the task's current weights on the dataset, recorded as of `step`."""
+    def _Batch(self, iterator) -> dict[str, list[float]]:
+        """One batch's weighted sums, on the host: {metric: [value * weight, weight]}."""
+        return {name: pair.numpy().tolist() for name, pair in self._step(iterator).items()}
+
+    def Evaluate(self, step: int, bound: Bound | None = None) -> dict[str, float]:
+        """Metrics of the task's current weights on the dataset, recorded as of `step`.
+
+        `bound(fn, work, first)` runs each batch's `fn` (`work` names it, `first` is the
+        first batch, which may trace): the train loop's deadline, as a batch reads every
+        weight from its device and a stopped worker would hold it for ever. None: as is.
+        """
         start = time.monotonic()
         # Repeated: a finite dataset makes multi-worker strategies hide the batch size
         # (to allow uneven ends); the evaluation takes its num_batches regardless.
@@ -104,9 +119,11 @@ class Evaler:
         )
         iterator = iter(dataset)
         totals: dict[str, list[float]] = {}
-        for _ in range(self._num_batches):
-            for name, pair in self._step(iterator).items():
-                v, w = pair.numpy().tolist()
+        bound = bound or (lambda fn, work, first: fn())
+        for i in range(self._num_batches):
+            work = f"Evaluating {self._dataset} batch {i + 1} of {self._num_batches} at step {step}"
+            sums = bound(functools.partial(self._Batch, iterator), work, i == 0)
+            for name, (v, w) in sums.items():
                 acc = totals.setdefault(name, [0.0, 0.0])
                 acc[0] += v
                 acc[1] += w

@@ -350,7 +350,9 @@ class Trainer:
       logdir: where summaries (logdir/train), checkpoints (logdir/checkpoints) and
         the run's state (rundir.RUN_STATE_FILE) go; any `tf.io.gfile` path.
       intervals: how often to log, summarise, checkpoint and evaluate.
-      evaluate: called with the step number at eval intervals and at the end.
+      evaluate: called at eval intervals and at the end with the step number and a
+        `bound(fn, work, first)` that runs one batch's `fn` under the step deadline
+        (evaler.Evaler.Evaluate takes it).
       checkpoint_dir: where checkpoints go (default logdir/checkpoints).
       max_to_keep: how many of the newest checkpoints to keep.
       is_chief: whether this process writes checkpoints, summaries and the run state;
@@ -370,7 +372,7 @@ class Trainer:
         train_input,
         logdir: str,
         intervals: Intervals,
-        evaluate: Callable[[int], None] | None = None,
+        evaluate: Callable[[int, Callable], None] | None = None,
         checkpoint_dir: str | None = None,
         max_to_keep: int = 5,
         is_chief: bool = True,
@@ -447,7 +449,11 @@ class Trainer:
         rundir.WriteRunState(self._logdir, state)
 
     def _Evaluate(self, step: int, status: str) -> None:
-        self._evaluate(step)
+        # Each batch reads every weight from its device, as a step does: bounded like one.
+        self._evaluate(
+            step,
+            lambda fn, work, first: self._Between(fn, work, FIRST_STEP_FACTOR if first else 1),
+        )
         self._evaluated_step = step
         self._Record(status)
 
@@ -620,19 +626,28 @@ class Trainer:
         """Writes ckpt-<step> (the chief), bounded as a first step is: writing reads every
         weight from its device, and a stopped worker would hold the write for ever."""
         if self._is_chief and self._saved_step != step:
-            # A signal that came before (the checkpoint written to stop) is not one it
-            # waits on: a second one still gives up at once (StopSignals).
-            before = self._signals.received if self._signals else None
-            path = self._WithDeadline(
+            path = self._Between(
                 lambda: self._checkpointer.Save(step),
-                lambda: None if before or not self._signals else self._signals.received,
                 f"Writing checkpoint ckpt-{step}",
                 FIRST_STEP_FACTOR,
-                f"writing checkpoint ckpt-{step} waited",
-                "the checkpoints are intact",
             )
             logging.info("Saved %s", path)
         self._saved_step = step
+
+    def _Between(self, fn: Callable, work: str, factor: float):
+        """fn(), work between steps (a checkpoint write, an evaluation batch) that `work`
+        names, bounded as _WithDeadline says. It gives up on a signal only if the signal
+        came while it waited: one that came before (the checkpoint written to stop) is not
+        one it waits on, and a second one still gives up at once (StopSignals)."""
+        before = self._signals.received if self._signals else None
+        return self._WithDeadline(
+            fn,
+            lambda: None if before or not self._signals else self._signals.received,
+            work,
+            factor,
+            f"{work[:1].lower()}{work[1:]} waited",
+            "the checkpoints are intact",
+        )
 
     def _Stop(self, step: int, signal_name: str) -> None:
         """Saves step `step` and raises Stopped."""

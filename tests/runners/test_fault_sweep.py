@@ -623,3 +623,43 @@ def test_a_checkpoint_write_that_hangs_is_bounded_like_a_step(capsys, tmp_path, 
         "(--step_timeout_s): a device or worker of the run hangs. The checkpoints are intact "
         f"(latest: {latest}); fix or restart it and rerun the same command to resume."
     ), lines[-3:]
+
+
+def test_an_evaluation_that_hangs_is_bounded_like_a_step(capsys, tmp_path, monkeypatch):
+    """Evaluating reads every weight from its device, as a step does: a worker stopped
+    while the chief evaluates held the trainer for ever. Each batch now has a step's
+    deadline (the first a first step's: it traces) and names itself."""
+    import threading
+
+    from lingpipe.runners import evaler
+
+    release, real_step, calls = threading.Event(), evaler.Evaler._Batch, []
+
+    def Batch(self, iterator):
+        calls.append(None)
+        if len(calls) == 2:  # the second batch hangs, as on a stopped worker
+            release.wait()
+        return real_step(self, iterator)
+
+    monkeypatch.setattr(evaler.Evaler, "_Batch", Batch)
+    logdir = tmp_path / "run"
+    try:
+        status, lines = _Main(
+            capsys,
+            f"--logdir={logdir}",
+            "--mode=train_and_eval",
+            "--max_steps=2",
+            "--step_timeout_s=1.5",
+            "--params_override=eval.samples_per_summary : 0",
+        )
+    finally:
+        release.set()
+    assert status == 1, lines
+    latest = str(logdir / "checkpoints" / "ckpt-2")
+    assert re.fullmatch(
+        r"lingpipe\.trainer: error: Evaluating Dev batch 2 of \d+ at step 2 did not finish "
+        r"within 1\.5 s \(--step_timeout_s\): a device or worker of the run hangs\. The "
+        rf"checkpoints are intact \(latest: {re.escape(latest)}\); fix or restart it and rerun "
+        r"the same command to resume\.",
+        lines[-1],
+    ), lines[-3:]

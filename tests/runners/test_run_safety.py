@@ -63,7 +63,7 @@ def test_train_resume_eval_cycle_on_ram_and_a_rerun_completes_the_missing_evalua
     with rundir.LogdirLock(logdir) as lock:
         assert tf.io.gfile.exists(lock.path)
 
-        def Kill(step):
+        def Kill(step, bound):
             raise _Killed(step)
 
         trainer, _ = _Trainer(logdir, 4, evaluate=Kill)
@@ -78,7 +78,9 @@ def test_train_resume_eval_cycle_on_ram_and_a_rerun_completes_the_missing_evalua
         dev = task.params.input.Copy().Set(split="dev").Instantiate()
         dev_evaler = evaler.Evaler([task], tf.distribute.get_strategy(), dev, "Dev", logdir, "r")
         calls = []
-        trainer._evaluate = lambda step: calls.append(step) or dev_evaler.Evaluate(step)
+        trainer._evaluate = lambda step, bound: (
+            calls.append(step) or dev_evaler.Evaluate(step, bound)
+        )
         assert trainer.Train() == {}
         assert calls == [4] and trainer.global_step == 4
         with tf.io.gfile.GFile(f"{logdir}/eval_dev.json") as f:
@@ -87,9 +89,9 @@ def test_train_resume_eval_cycle_on_ram_and_a_rerun_completes_the_missing_evalua
 
         # A rerun of the finished run does nothing; a longer one resumes from ckpt-4.
         calls.clear()
-        trainer, _ = _Trainer(logdir, 4, evaluate=calls.append)
+        trainer, _ = _Trainer(logdir, 4, evaluate=lambda step, bound: calls.append(step))
         assert trainer.Train() == {} and calls == []
-        trainer, _ = _Trainer(logdir, 6, evaluate=calls.append)
+        trainer, _ = _Trainer(logdir, 6, evaluate=lambda step, bound: calls.append(step))
         trainer.Train()
         assert calls == [6] and trainer.checkpointer.latest == f"{logdir}/checkpoints/ckpt-6"
         assert tf.io.gfile.glob(f"{logdir}/train/events.out.tfevents.*")
