@@ -589,33 +589,44 @@ def test_eval_and_export_of_a_glob_named_logdir(capsys, tmp_path):
     assert (logdir / "export" / "1" / "saved_model.pb").exists()
 
 
+def _MainWhileOneCallHangs(capsys, monkeypatch, patch, *flags):
+    """Runs the trainer with `flags` while the method of `patch` = (class, name, hangs)
+    blocks, as on a stopped worker, in the call whose arguments `hangs` is true of;
+    it is released once the run has ended."""
+    import threading
+
+    owner, name, hangs = patch
+    release, real = threading.Event(), getattr(owner, name)
+
+    def Patched(self, *args):
+        if hangs(*args):
+            release.wait()
+        return real(self, *args)
+
+    monkeypatch.setattr(owner, name, Patched)
+    try:
+        return _Main(capsys, *flags)
+    finally:
+        release.set()
+
+
 def test_a_checkpoint_write_that_hangs_is_bounded_like_a_step(capsys, tmp_path, monkeypatch):
     """Writing a checkpoint reads every weight from its device: a worker stopped while
     the chief writes held the trainer for ever, deaf to SIGTERM (seen in CI). The write
     now has a first step's deadline and names itself; the checkpoints stay intact."""
-    import threading
 
     from lingpipe.runners import checkpointer
 
-    release, real_save = threading.Event(), checkpointer.Checkpointer.Save
-
-    def Save(self, step):
-        if step == 4:  # the second write hangs, as on a stopped worker
-            release.wait()
-        return real_save(self, step)
-
-    monkeypatch.setattr(checkpointer.Checkpointer, "Save", Save)
     logdir = tmp_path / "run"
-    try:
-        status, lines = _Main(
-            capsys,
-            f"--logdir={logdir}",
-            "--max_steps=6",
-            "--checkpoint_interval_steps=2",
-            "--step_timeout_s=1.5",
-        )
-    finally:
-        release.set()
+    status, lines = _MainWhileOneCallHangs(
+        capsys,
+        monkeypatch,
+        (checkpointer.Checkpointer, "Save", lambda step: step == 4),  # the second write
+        f"--logdir={logdir}",
+        "--max_steps=6",
+        "--checkpoint_interval_steps=2",
+        "--step_timeout_s=1.5",
+    )
     latest = str(logdir / "checkpoints" / "ckpt-2")
     assert status == 1, lines
     assert lines[-1] == (
@@ -629,31 +640,22 @@ def test_an_evaluation_that_hangs_is_bounded_like_a_step(capsys, tmp_path, monke
     """Evaluating reads every weight from its device, as a step does: a worker stopped
     while the chief evaluates held the trainer for ever. Each batch now has a step's
     deadline (the first a first step's: it traces) and names itself."""
-    import threading
+    import itertools
 
     from lingpipe.runners import evaler
 
-    release, real_step, calls = threading.Event(), evaler.Evaler._Batch, []
-
-    def Batch(self, iterator):
-        calls.append(None)
-        if len(calls) == 2:  # the second batch hangs, as on a stopped worker
-            release.wait()
-        return real_step(self, iterator)
-
-    monkeypatch.setattr(evaler.Evaler, "_Batch", Batch)
+    calls = itertools.count(1)
     logdir = tmp_path / "run"
-    try:
-        status, lines = _Main(
-            capsys,
-            f"--logdir={logdir}",
-            "--mode=train_and_eval",
-            "--max_steps=2",
-            "--step_timeout_s=1.5",
-            "--params_override=eval.samples_per_summary : 0",
-        )
-    finally:
-        release.set()
+    status, lines = _MainWhileOneCallHangs(
+        capsys,
+        monkeypatch,
+        (evaler.Evaler, "_Batch", lambda iterator: next(calls) == 2),  # the second batch
+        f"--logdir={logdir}",
+        "--mode=train_and_eval",
+        "--max_steps=2",
+        "--step_timeout_s=1.5",
+        "--params_override=eval.samples_per_summary : 0",
+    )
     assert status == 1, lines
     latest = str(logdir / "checkpoints" / "ckpt-2")
     assert re.fullmatch(
