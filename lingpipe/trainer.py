@@ -134,10 +134,11 @@ flags.DEFINE_float(
 flags.DEFINE_float(
     "step_timeout_s",
     None,
-    "Seconds a training step may take before the run fails naming the step (and, with "
-    "--strategy=hosts, the worker that stopped answering); the run's first step, which "
-    "traces, gets 5 times as long. SIGTERM and Ctrl-C work while a step waits. None: "
-    "300 under --strategy=hosts, no limit otherwise; 0: no limit.",
+    "Seconds a training step, or a batch of an evaluation while training, may take before "
+    "the run fails naming it (and, with --strategy=hosts, the worker that stopped "
+    "answering); the run's first step and each evaluation's first batch, which trace, and "
+    "each checkpoint write get 5 times as long. SIGTERM and Ctrl-C work while they wait. "
+    "None: 300 under --strategy=hosts, no limit otherwise; 0: no limit.",
 )
 flags.DEFINE_integer(
     "logical_devices",
