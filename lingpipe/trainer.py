@@ -134,8 +134,8 @@ flags.DEFINE_float(
 flags.DEFINE_float(
     "step_timeout_s",
     None,
-    "Seconds a training step, or a batch of an evaluation while training, may take before "
-    "the run fails naming it (and, with --strategy=hosts, the worker that stopped "
+    "Seconds a training step, or a batch of an evaluation, may take before the run fails "
+    "naming it (and, with --strategy=hosts, the worker that stopped "
     "answering); the run's first step and each evaluation's first batch, which trace, and "
     "each checkpoint write get 5 times as long. SIGTERM and Ctrl-C work while they wait. "
     "None: 300 under --strategy=hosts, no limit otherwise; 0: no limit.",
@@ -472,13 +472,28 @@ def _WriteParams(logdir: str, resolved: startup.ResolvedParams) -> None:
     )
 
 
-def _Evaluate(tasks: list, plan) -> int:
-    """--mode=eval: evaluates the newest readable checkpoint on every eval dataset."""
-    from lingpipe.runners import checkpointer
+def _Evaluate(layout, tasks: list, plan) -> int:
+    """--mode=eval: evaluates the newest readable checkpoint on every eval dataset, each
+    batch bounded as a training step is (--step_timeout_s): it reads every weight from
+    its device, and a stopped worker would hold it for ever."""
+    from lingpipe.runners import checkpointer, step_deadline, train_loop
 
     step = checkpointer.RestoreLatest(plan.checkpoint_dir, tasks)
+    timeout_s = layout.StepTimeout(FLAGS.step_timeout_s)
+
+    def Bound(fn, work: str, first: bool):
+        # SIGTERM and Ctrl-C stop the run at once (StopBeforeSteps): this thread waits
+        # in short slices, where Python runs its signal handlers.
+        try:
+            return step_deadline.Call(
+                fn, timeout_s * (train_loop.FIRST_STEP_FACTOR if first else 1), lambda: None
+            )
+        except step_deadline.StepTimeout as e:
+            latest = checkpointer.Checkpointer(plan.checkpoint_dir, writable=False).latest
+            raise layout.StepHung(work, e.timeout_s, latest) from None
+
     for evaler in plan.evalers:
-        evaler.Evaluate(step)
+        evaler.Evaluate(step, Bound if timeout_s else None)
     return 0
 
 
@@ -512,8 +527,7 @@ def _Train(layout, tasks: list, plan, logdir: str, intervals, run) -> int:
         profile=profile,
         params_text=run.params_text,
     )
-    if FLAGS.step_timeout_s is not None:
-        trainer.SetStepTimeout(FLAGS.step_timeout_s)
+    trainer.SetStepTimeout(layout.StepTimeout(FLAGS.step_timeout_s))
     from lingpipe.runners.evaler import Results as EvalResults
 
     trainer.Train()
@@ -565,7 +579,7 @@ def _Run(scope: contextlib.ExitStack) -> int:
         if startup.WritesParams(logdir, FLAGS.mode):
             _WriteParams(logdir, resolved)
     if FLAGS.mode == "eval":
-        return _Evaluate(tasks, plan)
+        return _Evaluate(layout, tasks, plan)
     return _Train(layout, tasks, plan, logdir, intervals, run)
 
 

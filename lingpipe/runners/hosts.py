@@ -270,6 +270,24 @@ def GoneWorkers(cluster: Cluster, error_text: str, timeout_s: float = 2.0) -> li
     return sorted({int(t) for t in _TASK_IN_ERROR.findall(error_text)})
 
 
+def HungError(
+    cluster: Cluster, work: str, timeout_s: float, latest: str | None
+) -> train_loop.StepHungError:
+    """train_loop.HungError naming the workers that no longer answer (a stopped or hung
+    process: its port still accepts connections, so each is sent a gRPC greeting)."""
+    silent = [t for t, a in enumerate(cluster.workers) if not Responds(a, 5.0)]
+    if not silent:
+        return train_loop.HungError(work, timeout_s, latest)
+    who = ", ".join(cluster.Name(t) for t in silent)
+    verb = "does" if len(silent) == 1 else "do"
+    return train_loop.StepHungError(
+        f"{work} did not finish within {timeout_s:g} s (--step_timeout_s): {who} {verb} not "
+        f"answer (stopped or hung). The checkpoints are intact (latest: {latest}); restart "
+        "the worker (python -m lingpipe.worker) and rerun the trainer with the same command "
+        "to resume from it."
+    )
+
+
 class HostsTrainer(train_loop.Trainer):
     """The train loop of a pipeline over the workers of `cluster` (see train_loop.Trainer).
 
@@ -283,18 +301,7 @@ class HostsTrainer(train_loop.Trainer):
         self.SetStepTimeout(DEFAULT_STEP_TIMEOUT_S)
 
     def _StepHung(self, work: str, timeout_s: float) -> train_loop.StepHungError:
-        """Names the workers that no longer answer (a stopped or hung process)."""
-        silent = [t for t, a in enumerate(self._cluster.workers) if not Responds(a, 5.0)]
-        if not silent:
-            return super()._StepHung(work, timeout_s)
-        who = ", ".join(self._cluster.Name(t) for t in silent)
-        verb = "does" if len(silent) == 1 else "do"
-        return train_loop.StepHungError(
-            f"{work} did not finish within {timeout_s:g} s (--step_timeout_s): {who} "
-            f"{verb} not answer (stopped or hung). The checkpoints are intact (latest: "
-            f"{self.checkpointer.latest}); restart the worker (python -m lingpipe.worker) "
-            "and rerun the trainer with the same command to resume from it."
-        )
+        return HungError(self._cluster, work, timeout_s, self.checkpointer.latest)
 
     def _RunStep(self, iterator, step: int, stop: bool) -> train_loop.StepResult:
         try:

@@ -134,6 +134,18 @@ class Layout(abc.ABC):
 
         return train_loop.Trainer
 
+    def StepTimeout(self, flag: float | None) -> float | None:
+        """A step's deadline in seconds from --step_timeout_s `flag`: None gives this
+        layout's default (no limit here; hosts.DEFAULT_STEP_TIMEOUT_S under hosts), 0 and
+        the result None no limit."""
+        return flag or None
+
+    def StepHung(self, work: str, timeout_s: float, latest: str | None) -> Exception:
+        """The error of `work` that did not finish within `timeout_s` (see train_loop)."""
+        from lingpipe.runners import train_loop
+
+        return train_loop.HungError(work, timeout_s, latest)
+
     def MakeTrainer(self, tasks: list, train_input, logdir: str, **kwargs: Any):
         """The train loop of `tasks` (see train_loop.Trainer for `kwargs`)."""
         return self.TrainerClass()(
@@ -452,6 +464,16 @@ class HostsLayout(Layout):
             f"moves {kib:.1f} KiB between hosts per step (each other replica's gradients "
             "there, the means back)"
         )
+
+    def StepTimeout(self, flag: float | None) -> float | None:
+        from lingpipe.runners import hosts
+
+        return hosts.DEFAULT_STEP_TIMEOUT_S if flag is None else flag or None
+
+    def StepHung(self, work: str, timeout_s: float, latest: str | None) -> Exception:
+        from lingpipe.runners import hosts
+
+        return hosts.HungError(self.cluster, work, timeout_s, latest)
 
     def TrainerClass(self) -> Callable[..., Any]:
         from lingpipe.runners import hosts

@@ -55,6 +55,16 @@ class StepHungError(ClusterError):
     """A step did not finish within its deadline (the message names the step)."""
 
 
+def HungError(work: str, timeout_s: float, latest: str | None) -> StepHungError:
+    """The error of `work` ('Step 7', 'Writing checkpoint ckpt-5') that did not finish
+    within `timeout_s`; `latest`: the newest checkpoint."""
+    return StepHungError(
+        f"{work} did not finish within {timeout_s:g} s (--step_timeout_s): a device or "
+        f"worker of the run hangs. The checkpoints are intact (latest: {latest}); fix or "
+        "restart it and rerun the same command to resume."
+    )
+
+
 # Errors of a step that mean a peer (another worker) failed, not a bug in the model.
 _CLUSTER_ERRORS = (
     tf.errors.UnavailableError,
@@ -496,12 +506,7 @@ class Trainer:
     def _StepHung(self, work: str, timeout_s: float) -> StepHungError:
         """The error of `work` ('Step 7', 'Writing checkpoint ckpt-5') that did not finish
         in time (HostsTrainer names the host)."""
-        return StepHungError(
-            f"{work} did not finish within {timeout_s:g} s (--step_timeout_s): a device "
-            f"or worker of the run hangs. The checkpoints are intact (latest: "
-            f"{self._checkpointer.latest}); fix or restart it and rerun the same command "
-            "to resume."
-        )
+        return HungError(work, timeout_s, self._checkpointer.latest)
 
     def _RunStep(self, iterator, step: int, stop: bool) -> StepResult:
         """Step `step` (1-based), with the results on the host as numpy."""

@@ -636,32 +636,38 @@ def test_a_checkpoint_write_that_hangs_is_bounded_like_a_step(capsys, tmp_path, 
     ), lines[-3:]
 
 
-def test_an_evaluation_that_hangs_is_bounded_like_a_step(capsys, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["train_and_eval", "eval"])
+def test_an_evaluation_that_hangs_is_bounded_like_a_step(capsys, tmp_path, monkeypatch, mode):
     """Evaluating reads every weight from its device, as a step does: a worker stopped
     while the chief evaluates held the trainer for ever. Each batch now has a step's
-    deadline (the first a first step's: it traces) and names itself."""
+    deadline (the first a first step's: it traces) and names itself, while training and
+    in --mode=eval."""
     import itertools
 
     from lingpipe.runners import evaler
 
-    calls = itertools.count(1)
     logdir = tmp_path / "run"
+    step = 2 if mode == "train_and_eval" else 1
+    if mode == "eval":
+        _SaveOneCheckpoint(logdir)
+    calls = itertools.count(1)
     status, lines = _MainWhileOneCallHangs(
         capsys,
         monkeypatch,
         (evaler.Evaler, "_Batch", lambda iterator: next(calls) == 2),  # the second batch
         f"--logdir={logdir}",
-        "--mode=train_and_eval",
-        "--max_steps=2",
+        f"--mode={mode}",
+        f"--max_steps={step}",
         "--step_timeout_s=1.5",
         "--params_override=eval.samples_per_summary : 0",
     )
     assert status == 1, lines
-    latest = str(logdir / "checkpoints" / "ckpt-2")
+    latest = str(logdir / "checkpoints" / f"ckpt-{step}")
     assert re.fullmatch(
-        r"lingpipe\.trainer: error: Evaluating Dev batch 2 of \d+ at step 2 did not finish "
-        r"within 1\.5 s \(--step_timeout_s\): a device or worker of the run hangs\. The "
+        rf"lingpipe\.trainer: error: Evaluating Dev batch 2 of \d+ at step {step} did not "
+        r"finish within 1\.5 s \(--step_timeout_s\): a device or worker of the run hangs\. The "
         rf"checkpoints are intact \(latest: {re.escape(latest)}\); fix or restart it and rerun "
         r"the same command to resume\.",
         lines[-1],
     ), lines[-3:]
+    assert not (logdir / "eval_dev.json").exists()
