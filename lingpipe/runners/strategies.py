@@ -135,9 +135,9 @@ class Layout(abc.ABC):
         return train_loop.Trainer
 
     def StepTimeout(self, flag: float | None) -> float | None:
-        """A step's deadline in seconds from --step_timeout_s `flag`: None gives this
-        layout's default (no limit here; hosts.DEFAULT_STEP_TIMEOUT_S under hosts), 0 and
-        the result None no limit."""
+        """A step's deadline in seconds from --step_timeout_s `flag`, None for no limit:
+        a flag of None gives this layout's default (no limit here,
+        hosts.DEFAULT_STEP_TIMEOUT_S under hosts), 0 no limit."""
         return flag or None
 
     def StepHung(self, work: str, timeout_s: float, latest: str | None) -> Exception:
