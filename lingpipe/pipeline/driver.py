@@ -24,7 +24,7 @@ from lingpipe.pipeline import executor, generators, micro_batch, placement, rema
 from lingpipe.pipeline.stage_context import StageContext
 
 
-def ReadWhereItLives(x: Any) -> Any:
+def _ReadWhereItLives(x: Any) -> Any:
     """A variable's value, read on its device (a tensor as it is)."""
     if not isinstance(x, tf.Variable):
         return x
@@ -133,7 +133,7 @@ class Driver:
 
             return tf.nest.flatten(outputs), Grad
 
-        read = [ReadWhereItLives(flat[i]) for i in pos]
+        read = [_ReadWhereItLives(flat[i]) for i in pos]
         with tf.device(self.last_device):
             outputs = Pipelined(*read)
         return tf.nest.pack_sequence_as(structure[0], outputs)
