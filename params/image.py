@@ -8,7 +8,7 @@ from lingpipe.models import base_model_params, image
 
 
 class DigitsData(base_model_params.SingleTaskModelParams):
-    """scikit-learn's 8x8 digits: batches of 32 to train, each eval split in one batch."""
+    """The UCI 8x8 digits: batches of 32 to train, each eval split in one batch."""
 
     def Train(self) -> hyperparams.InstantiableParams:
         return image_input.DigitsInput.Params().Set(name="train_input", batch_size=32)

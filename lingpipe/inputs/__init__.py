@@ -4,5 +4,6 @@
   seeded shuffling, static batches, `Batches(n)` for tests and evaluation.
 - `text_lm.TextLmInput`: byte-level language-model windows of English text.
 - `seq2seq.Seq2SeqInput`: generated reverse / sort sequence-to-sequence examples.
-- `image.DigitsInput, image.SyntheticImageInput`: scikit-learn's bundled 8x8 digits.
+- `image.DigitsInput, image.SyntheticImageInput`: the UCI 8x8 digits (shipped in
+  `inputs/data/`), and synthetic images.
 """

@@ -1,9 +1,10 @@
-"""Image inputs: the 8x8 digits of scikit-learn, and synthetic images.
+"""Image inputs: the 8x8 handwritten digits shipped with lingpipe, and synthetic images.
 
-`DigitsInput`: the 8x8 handwritten digits bundled with scikit-learn, as image batches.
-
-`sklearn.datasets.load_digits` ships with scikit-learn (no download): 1797 images
-of 8x8 pixels with values 0..16, in 10 classes. Pixels are scaled to [0, 1].
+`DigitsInput`: the test set of the UCI handwritten digits (Alpaydin and Kaynak,
+1998; CC BY 4.0), as image batches: 1797 images of 8x8 pixels with values 0..16,
+in 10 classes, read from `data/digits.csv.gz` beside this module (no download;
+see data/README.md). It is the set scikit-learn's `load_digits` returns, without
+scikit-learn. Pixels are scaled to [0, 1].
 
 The split is fixed (it does not depend on `seed`): a permutation of the images by
 a constant seed puts the first 10% in 'test', the next 10% in 'dev' and the rest
@@ -21,6 +22,7 @@ num_classes, a stand-in for ImageNet where there is no reader (for throughput).
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 import tensorflow as tf
@@ -36,25 +38,23 @@ _SPLIT_PERMUTATION_SEED = 20240917
 _EVAL_FRACTION = 0.1
 
 
-def _SklearnLoadDigits():
-    """sklearn.datasets.load_digits, or an ImportError that says how to install it."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:
-        raise ImportError(
-            "DigitsInput needs scikit-learn for its bundled digits data set "
-            f"(sklearn.datasets.load_digits), which cannot be imported ({e}). Install it with "
-            "`pip install scikit-learn`, or `pip install -e '.[test]'` in a lingpipe checkout."
-        ) from e
-    return load_digits
+# One row per image: its 64 pixels row by row, then its label.
+DIGITS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "digits.csv.gz")
 
 
 @functools.lru_cache(maxsize=1)
 def LoadDigits() -> tuple[np.ndarray, np.ndarray]:
     """All 1797 digits: images [n, 8, 8, 1] float32 in [0, 1] and labels [n] int32."""
-    data = _SklearnLoadDigits()()
-    images = (data.images.astype(np.float32) / _MAX_PIXEL).reshape((-1,) + IMAGE_SHAPE)
-    return images, data.target.astype(np.int32)
+    try:
+        table = np.loadtxt(DIGITS_FILE, delimiter=",", dtype=np.int32, ndmin=2)
+    except (OSError, ValueError) as e:
+        raise OSError(
+            f"DigitsInput cannot read its data file {DIGITS_FILE} ({e}); expected the "
+            "1797 UCI digits that lingpipe installs with itself: reinstall lingpipe "
+            "(`pip install -e .` in a checkout)"
+        ) from None
+    images = (table[:, :-1].astype(np.float32) / _MAX_PIXEL).reshape((-1,) + IMAGE_SHAPE)
+    return images, table[:, -1]
 
 
 def SplitIndices(num_images: int, split: str) -> np.ndarray:
@@ -70,7 +70,7 @@ def SplitIndices(num_images: int, split: str) -> np.ndarray:
 
 
 class DigitsInput(base_input.BaseInputGenerator):
-    """Batches of scikit-learn's 8x8 digits (see the module docstring).
+    """Batches of the 8x8 UCI digits (see the module docstring).
 
     Batch: NestedMap(images [batch, 8, 8, 1] float32, labels [batch] int32).
     """

@@ -1,14 +1,24 @@
-"""DigitsInput: scikit-learn's bundled 8x8 digits, split 80/10/10, static batches."""
+"""DigitsInput: the UCI 8x8 digits shipped in the package, split 80/10/10, static batches."""
 
-import sys
+import csv
+import gzip
+import hashlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-sklearn_datasets = pytest.importorskip("sklearn.datasets")
+from lingpipe.inputs import image
 
-from lingpipe.inputs import image  # noqa: E402
+# The UCI test set's images per class, digits 0..9 (its documentation's counts).
+UCI_CLASS_COUNTS = [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+
+
+def _Table():
+    """The data file read with the standard library alone: pixels [n, 64], labels [n]."""
+    with gzip.open(image.DIGITS_FILE, "rt") as f:
+        rows = np.array([[int(x) for x in row] for row in csv.reader(f)])
+    return rows[:, :-1], rows[:, -1]
 
 
 def _Input(**kwargs):
@@ -21,24 +31,38 @@ def test_split_sizes_disjoint_and_every_class_in_each():
     assert sizes == {"train": 1439, "dev": 179, "test": 179}
     parts = [set(image.SplitIndices(1797, s)) for s in ("train", "dev", "test")]
     assert set.union(*parts) == set(range(1797)) and sum(map(len, parts)) == 1797
-    labels = sklearn_datasets.load_digits().target
+    _, labels = _Table()
     for part in parts:
         assert set(labels[sorted(part)]) == set(range(10))
 
 
-def test_dev_batches_are_the_scaled_sklearn_images_in_order():
+def test_the_data_file_is_the_uci_test_set_as_shipped():
+    with open(image.DIGITS_FILE, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    # The file as data/README.md describes it (scikit-learn 1.9.1's copy, unchanged).
+    assert digest == "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
+    pixels, labels = _Table()
+    assert pixels.shape == (1797, 64) and pixels.min() == 0 and pixels.max() == 16
+    assert np.bincount(labels).tolist() == UCI_CLASS_COUNTS
+    images, got = image.LoadDigits()
+    assert images.shape == (1797, 8, 8, 1) and images.dtype == np.float32
+    np.testing.assert_array_equal(images.reshape(1797, 64), pixels / 16.0)
+    np.testing.assert_array_equal(got, labels)
+
+
+def test_dev_batches_are_the_scaled_images_in_order():
     inp = _Input(split="dev", batch_size=32)
     spec = inp.GetDataset().element_spec
     assert spec.images.shape == [32, 8, 8, 1] and spec.images.dtype == tf.float32
     assert spec.labels.shape == [32] and spec.labels.dtype == tf.int32
     batches = list(inp.Batches())
     assert len(batches) == 179 // 32  # No repeat, remainder dropped: all batches full.
-    data = sklearn_datasets.load_digits()
+    pixels, labels = _Table()
     dev = image.SplitIndices(1797, "dev")
     for k, batch in enumerate(batches):
         rows = dev[k * 32 : (k + 1) * 32]
-        np.testing.assert_array_equal(batch.images[..., 0], data.images[rows] / 16.0)
-        np.testing.assert_array_equal(batch.labels, data.target[rows])
+        np.testing.assert_array_equal(batch.images[..., 0], pixels[rows].reshape(-1, 8, 8) / 16.0)
+        np.testing.assert_array_equal(batch.labels, labels[rows])
     pixels = np.concatenate([b.images for b in batches])
     assert pixels.min() == 0.0 and pixels.max() == 1.0
     assert inp.num_classes == 10
@@ -68,13 +92,14 @@ def test_sharding_two_pipelines_is_disjoint():
     assert len(shards[0]) == 88 and len(shards[1]) == 88 and not shards[0] & shards[1]
 
 
-def test_missing_sklearn_says_how_to_install(monkeypatch):
+def test_a_missing_data_file_says_what_to_do(monkeypatch, tmp_path):
     image.LoadDigits.cache_clear()
-    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    missing = str(tmp_path / "digits.csv.gz")
+    monkeypatch.setattr(image, "DIGITS_FILE", missing)
     with pytest.raises(
-        ImportError,
-        match=r"DigitsInput needs scikit-learn .* Install it with "
-        r"`pip install scikit-learn`",
+        OSError,
+        match=rf"DigitsInput cannot read its data file {missing} \(.*\); expected the 1797 UCI "
+        r"digits that lingpipe installs with itself: reinstall lingpipe",
     ):
         _Input()
     monkeypatch.undo()
