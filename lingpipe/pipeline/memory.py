@@ -33,7 +33,7 @@ from typing import Any
 import tensorflow as tf
 
 from lingpipe import base_layer, hyperparams, optimizers
-from lingpipe.pipeline import costs, simulate
+from lingpipe.pipeline import costs, micro_batch, simulate
 from lingpipe.pipeline.schedule import BACKWARD, BACKWARD_INPUT, FORWARD, Action, Schedule
 
 # Ops whose output shares its input's buffer: a saved view costs what its source costs.
@@ -284,22 +284,13 @@ def _Spec(x: Any, key: str = "", float_dtype: tf.DType = tf.float32) -> Any:
 
 
 def MicroBatchSpecs(specs: tuple, num_micro_batches: int, batch_dim: int) -> tuple:
-    """`specs` (the whole batch's tf.TensorSpecs) for the largest micro-batch: leaves whose
-    size along batch_dim is the batch (that of the first leaf that has one) are cut to
-    ceil(batch / M)."""
-    leaves = tf.nest.flatten(specs)
-    batch = next(
-        (s.shape[batch_dim] for s in leaves if s.shape.rank and s.shape.rank > batch_dim), None
-    )
-    if batch is None:
-        raise ValueError(
-            f"memory estimate: expected an input with a batch along batch_dim={batch_dim}, "
-            f"received {specs}"
-        )
-    micro = -(-batch // num_micro_batches)
+    """`specs` (the whole batch's tf.TensorSpecs) for the largest micro-batch, cut by
+    lingpipe.pipeline.micro_batch's rules, as the pipeline splits the inputs."""
+    batch = micro_batch.BatchSize(specs, batch_dim, "memory estimate")
+    micro = micro_batch.Sizes(batch, num_micro_batches, "memory estimate")[0]
 
     def Cut(s: tf.TensorSpec) -> tf.TensorSpec:
-        if s.shape.rank is None or s.shape.rank <= batch_dim or s.shape[batch_dim] != batch:
+        if not micro_batch.IsBatched(s, batch, batch_dim):
             return s
         dims = s.shape.as_list()
         dims[batch_dim] = micro

@@ -20,9 +20,10 @@ Size = int | tf.Tensor  # a static size, or a scalar int32 tensor known at run t
 
 
 def _HasDim(leaf: Any, batch_dim: int) -> bool:
-    """Whether `leaf` is a tensor of known rank with a dimension batch_dim."""
+    """Whether `leaf` is a tensor (or a tf.TensorSpec, for the memory estimate) of known
+    rank with a dimension batch_dim."""
     return (
-        isinstance(leaf, (tf.Tensor, tf.Variable))
+        isinstance(leaf, (tf.Tensor, tf.Variable, tf.TensorSpec))
         and leaf.shape.rank is not None
         and leaf.shape.rank > batch_dim
     )
@@ -47,6 +48,8 @@ def BatchSize(structure: Any, batch_dim: int, where: str = "pipeline") -> Size:
     if size is not None:
         return int(size)
     leaf = next(leaf for leaf in leaves if leaf.shape[batch_dim] is None)
+    if isinstance(leaf, tf.TensorSpec):  # nothing to read at run time
+        raise ValueError(f"{where}: expected a static batch size, received {structure}")
     return tf.shape(leaf, out_type=tf.int32)[batch_dim]
 
 

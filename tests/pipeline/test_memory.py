@@ -14,10 +14,11 @@ cells; batch 16, M=4 micro-batches of 4 rows. By hand, in bytes:
 """
 
 import pytest
+import tensorflow as tf
 
 from lingpipe import optimizers
 from lingpipe.layers import gpipe, linear
-from lingpipe.pipeline import generators, memory, simulate
+from lingpipe.pipeline import generators, memory, micro_batch, simulate
 
 CELL_W, STAGE_W, ACT, BATCH = 288, 576, 128, 512
 
@@ -173,3 +174,26 @@ def test_report_adds_each_device_when_it_runs_several_stages():
     assert "per device (all its stages; activations at their joint peak):" in text
     assert f"  /device:CPU:0 (stages 0, 3): {device_0.total / 2**20:.1f} MiB, alive " in text
     assert report.DeviceMemory()["/device:CPU:1"] == memory.DeviceMemory([mems[1], mems[2]])
+
+
+@pytest.mark.parametrize("batch_dim", [0, 1])
+def test_the_estimate_cuts_the_inputs_as_the_pipeline_splits_them(batch_dim):
+    # A per-model table comes first; the batch (16, or 15: uneven) is what most leaves share.
+    for batch in (16, 15):
+        shapes = [[5, 8], [batch, 8], [batch]] if batch_dim == 0 else [[2, 5], [8, batch, 3]]
+        if batch_dim == 1:
+            shapes.append([1, batch])
+        tensors = tuple(tf.zeros(s) for s in shapes)
+        sizes = micro_batch.Sizes(micro_batch.BatchSize(tensors, batch_dim), 4)
+        want = [t.shape.as_list() for t in micro_batch.Split(tensors, sizes, batch_dim)[0]]
+        specs = tuple(tf.TensorSpec(s) for s in shapes)
+        got = memory.MicroBatchSpecs(specs, 4, batch_dim)
+        assert [s.shape.as_list() for s in got] == want
+
+
+def test_an_unknown_batch_is_refused_by_name():
+    for specs in [(tf.TensorSpec([None, 8]),), (tf.TensorSpec([None, 8]), tf.TensorSpec([None]))]:
+        with pytest.raises(ValueError, match=r"^memory estimate: expected a static batch size, "):
+            memory.MicroBatchSpecs(specs, 4, 0)
+    with pytest.raises(ValueError, match=r"memory estimate: no input tensor has a dimension "):
+        memory.MicroBatchSpecs((tf.TensorSpec([]),), 4, 0)
