@@ -1,6 +1,7 @@
 """lingpipe.keras.Pipeline of keras.applications models with batch norm (ResNet50,
-MobileNetV2): predict equals the plain model; one epoch of fit equals the plain model
-trained on the same micro-batches one after another; weights and slots on their stages.
+MobileNetV2, EfficientNetB0): predict equals the plain model; one epoch of fit equals
+the plain model trained on the same micro-batches one after another; weights and
+slots on their stages.
 
 The reference for fit (`_ReferenceEpoch`), per batch of B rows cut into M micro-batches
 of b_m rows (sizes as the pipeline's: the first B % M one row more):
@@ -29,15 +30,19 @@ import lingpipe.keras as lpk
 BATCH, MICRO, LR = 8, 2, 0.01
 
 
-def _App(name):
+def _App(name, size=32):
     keras.utils.set_random_seed(7)
     make = getattr(keras.applications, name)
-    return make(weights=None, input_shape=(32, 32, 3), classes=10)
+    model = make(weights=None, input_shape=(size, size, 3), classes=10)
+    for layer in model.layers:  # EfficientNet's dropout and drop-connect draw other masks
+        if isinstance(layer, keras.layers.Dropout):
+            layer.rate = 0.0
+    return model
 
 
-def _Data(n=16):
+def _Data(n=16, size=32):
     rng = np.random.RandomState(0)
-    return rng.rand(n, 32, 32, 3).astype(np.float32), rng.randint(0, 10, n)
+    return rng.rand(n, size, size, 3).astype(np.float32), rng.randint(0, 10, n)
 
 
 def _Loss():
@@ -79,13 +84,19 @@ def _CheckPlacement(pipe, model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ResNet50", "MobileNetV2"])
-def test_application_predict_and_fit_equal_plain_micro_batches(name):
+@pytest.mark.parametrize(
+    "name, size",
+    # EfficientNetB0 (squeeze-and-excitation, swish, Rescaling and Normalization layers) at
+    # 64x64: at 32x32 its batch norms over 1x1 maps of 4 rows are so ill-conditioned that
+    # rounding alone moves a weight by 0.29 in the epoch; at 64x64 the pipeline is within 4e-5.
+    [("ResNet50", 32), ("MobileNetV2", 32), ("EfficientNetB0", 64)],
+)
+def test_application_predict_and_fit_equal_plain_micro_batches(name, size):
     """Over 2 and 4 stages, each from the same initial weights, against one reference."""
-    x, y = _Data()
+    x, y = _Data(size=size)
     plain = None
     for num_stages in (2, 4):
-        model = _App(name)
+        model = _App(name, size)
         if plain is None:
             plain = keras.models.clone_model(model)
             plain.set_weights(model.get_weights())
