@@ -2,14 +2,10 @@
 row's depth is the largest whose estimate fits the cap."""
 
 import json
-import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-from bench import capacity  # noqa: E402
+from bench import capacity
 
 MIB = 1024 * 1024
 

@@ -3,14 +3,10 @@ JSON, and that the pipelined VGG16 predicts as the plain one and trains."""
 
 import json
 import math
-import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-from bench import keras_applications  # noqa: E402
+from bench import keras_applications
 
 
 def test_vgg16_row(tmp_path, capsys):

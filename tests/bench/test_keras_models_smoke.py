@@ -2,14 +2,10 @@
 row trained as the plain one did (same weights and data, the same last loss)."""
 
 import json
-import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-from bench import keras_models  # noqa: E402
+from bench import keras_models
 
 
 def test_keras_models_smoke_table(tmp_path, capsys):
