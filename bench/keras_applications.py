@@ -5,9 +5,9 @@ does each one cut, predict as the plain model and train?
     python bench/keras_applications.py --models=VGG16,Xception --num_stages=4
 
 Each model (weights=None, 10 classes, its smallest input size or 32x32) runs in a
-process of its own, on logical CPU devices (or GPUs): it is built, copied into a
-plain model with the same weights, pipelined over --num_stages stages with 2
-micro-batches, and then
+process of its own, on logical CPU devices (or one accelerator per stage): it is
+built, copied into a plain model with the same weights, pipelined over --num_stages
+stages with 2 micro-batches, and then
 
   predict_max_abs_diff  max |pipelined - plain| of predict (training=False) on 8 images;
   fit_loss              the loss of one epoch of fit (16 images, batches of 8, SGD);
@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not names:
         ap.error(f"expected --models from {', '.join(MODELS)}, received --models={args.models}")
     if args.child or args.in_process:
-        common.Setup(args.num_stages)
+        from lingpipe.keras import model_base
+
+        # Logical CPU devices, unless the process has enough already (a test's 8).
+        model_base.EnsureDevices(args.num_stages, None, "bench/keras_applications.py")
     if args.child:
         print(json.dumps(Measure(names[0], MODELS[names[0]], args.num_stages)))
         return 0
