@@ -105,15 +105,13 @@ def _CheckInputShape(shape: Any, where: str) -> list:
     return list(shape)
 
 
-def OutputShape(layer: keras.layers.Layer, shape: tuple) -> tuple:
-    """The layer's output shape for inputs of `shape` ([batch, ...], batch may be None)."""
-    try:
-        out = layer.compute_output_shape(shape)
-    except NotImplementedError:
-        # Keras' base Layer raises this where a layer does not define its output shape;
-        # tracing the layer on a symbolic KerasTensor gives the shape for any layer.
-        out = layer.compute_output_spec(keras.KerasTensor(shape)).shape
-    return tuple(out)
+def OutputShape(layer: keras.layers.Layer, shape: tuple) -> Any:
+    """The layer's output shape for inputs of `shape` ([batch, ...], batch may be None),
+    a tuple (a structure of tuples for a layer of several outputs): Keras'
+    compute_output_spec, which uses the layer's compute_output_shape where it has one
+    and otherwise traces the layer on a symbolic KerasTensor."""
+    spec = layer.compute_output_spec(keras.KerasTensor(shape))
+    return tf.nest.map_structure(lambda t: tuple(t.shape), spec)
 
 
 def _WeightName(index: int, layer: keras.layers.Layer, weight: keras.Variable) -> str:
