@@ -20,9 +20,8 @@ so each device follows its list; nothing else is ordered but the data.
   the last stage `loss_fn(outputs, loss_inputs_m)` gives the micro-batch's metrics.
 - B s m: the gradient of the stage's inputs and weights, from the gradient of its
   outputs that stage s+1's backward produced (on the last stage, from the loss, or
-  from the outputs' gradients given to Backward),
-  replaying the forward first if it was not kept. The weights' gradient is added
-  to the stage's running sum on its device.
+  from the outputs' gradients given to Backward), replaying the forward first if it
+  was not kept. The weights' gradient is added to the stage's running sum on its device.
 - I s m / W s m (zero bubble): B in two. I computes the inputs' gradient and sends
   it on; the ops that only the weights' gradient needs are held back (a control
   input each) until W's turn on the device.
@@ -37,12 +36,12 @@ starts from d(loss_m w_m), so it needs no other micro-batch; the sums are scaled
 by 1 / sum_m w_m at the end, on each gradient's device. The weights w_m are
 counts (tokens, examples) and get no gradient.
 
-Mixed precision (lingpipe.pipeline.precision): the stages compute in their cells'
-dtype, so activations and the gradients between stages are in it; each micro-
-batch's loss and each weight gradient are taken to float32 before they are
-summed. With a `loss_scale` (float16's dynamic loss scaling) each backward starts
-from d(loss_m w_m * loss_scale), so small gradients survive float16, and the
-final scaling by 1 / (sum_m w_m * loss_scale) undoes it, in float32.
+Mixed precision (lingpipe.pipeline.precision): each micro-batch's loss and each
+weight gradient are taken to float32 before they are summed. With a `loss_scale`
+(float16's dynamic loss scaling) each backward starts from d(loss_m w_m * loss_scale),
+so small gradients survive float16, and the final scaling by 1 / (sum_m w_m *
+loss_scale) undoes it, in float32: the gradients returned are unscaled, and not
+finite where the scaled ones overflowed.
 """
 
 from __future__ import annotations
@@ -182,7 +181,8 @@ class _Step:
         return self.micro_inputs[m] if s == 0 else self.outputs[(s - 1, m)]
 
     def Forward(self, s: int, m: int, ctx: StageContext) -> tuple[Any, Any, Any]:
-        """Runs the stage (and the loss on the last stage) in `ctx`: (tape, outputs, objective)."""
+        """Runs the stage (and the loss on the last stage) in `ctx`: (tape, outputs, objective),
+        the objective, where the micro-batch's backward starts, being loss_m w_m (* loss_scale)."""
         stage, inputs = self.stages[s], self.Inputs(s, m)
         tape = tf.GradientTape() if ctx.recompute or self.keep(s, m) else None
         with tape or contextlib.nullcontext(), Entered(ctx):
@@ -194,16 +194,12 @@ class _Step:
                 metrics = CheckMetrics(self.loss_fn(outputs, self.loss_inputs[m]))
                 if not ctx.recompute:
                     self.metrics[m] = metrics
-                objective = self._Objective(*metrics.loss)
+                loss, weight = metrics.loss
+                loss = precision.ForAccumulation(tf.convert_to_tensor(loss))
+                objective = loss * tf.stop_gradient(tf.cast(weight, loss.dtype))
+                if self.loss_scale is not None:
+                    objective *= tf.stop_gradient(tf.cast(self.loss_scale, loss.dtype))
         return tape, outputs, objective
-
-    def _Objective(self, value: tf.Tensor, weight: Any) -> tf.Tensor:
-        """What the micro-batch's backward starts from: loss_m * w_m (* loss_scale)."""
-        value = precision.ForAccumulation(tf.convert_to_tensor(value))
-        objective = value * tf.stop_gradient(tf.cast(weight, value.dtype))
-        if self.loss_scale is not None:
-            objective *= tf.stop_gradient(tf.cast(self.loss_scale, value.dtype))
-        return objective
 
     def DoForward(self, s: int, m: int) -> list:
         tape, outputs, objective = self.Forward(s, m, self.context(s, m))
@@ -215,10 +211,8 @@ class _Step:
 
     def Gradients(self, s: int, m: int) -> tuple[list, list, dict]:
         """(input grads, weight grads, extra grads) of stage s on micro-batch m."""
-        if (s, m) in self.kept:
-            tape, outputs, objective = self.kept.pop((s, m))
-        else:
-            tape, outputs, objective = self.Forward(s, m, self.context(s, m).Replay())
+        kept = self.kept.pop((s, m), None)
+        tape, outputs, objective = kept or self.Forward(s, m, self.context(s, m).Replay())
         stage, flat_in = self.stages[s], tf.nest.flatten(self.Inputs(s, m))
         if objective is not None:
             targets, dys = [objective], None
@@ -267,11 +261,8 @@ class _Step:
         input_grads, weight_grads, extra_grads = self.Gradients(s, m)
         held = []
         if graph is not None:
-            held = _WeightOnlyOps(
-                graph.get_operations()[first:],
-                [g for g in input_grads if g is not None],
-                [g for g in weight_grads + list(extra_grads.values()) if g is not None],
-            )
+            created = graph.get_operations()[first:]
+            held = _WeightOnlyOps(created, input_grads, weight_grads + list(extra_grads.values()))
         self.input_grads[(s, m)] = ctx.annotate(input_grads)
         self.pending[(s, m)] = (ctx.annotate(weight_grads), extra_grads, held)
         return [g for g in self.input_grads[(s, m)] if g is not None]
@@ -285,7 +276,7 @@ class _Step:
 
 
 def _Ancestors(tensors: list, within: set) -> set:
-    seen, todo = set(), [t.op for t in tensors]
+    seen, todo = set(), [t.op for t in tensors if t is not None]
     while todo:
         op = todo.pop()
         if op in seen or op not in within:
@@ -324,9 +315,7 @@ def Run(
       micro_loss_inputs: loss_fn's second argument, one per micro-batch.
       keep: whether stage s keeps micro-batch m's activations (else it recomputes).
       context: the StageContext of stage s on micro-batch m.
-      loss_scale: a float scalar the losses are multiplied by before the backward
-        and the gradients divided by after (None: 1); the gradients returned are
-        unscaled, and not finite where the scaled ones overflowed.
+      loss_scale: a float scalar, float16's loss scale (None: 1).
     """
     step = _Step(sched, stages, micro_inputs, loss_fn, micro_loss_inputs, keep, context, loss_scale)
     step.Act(simulate.Simulate(sched).order)
@@ -383,8 +372,7 @@ def _Named(error: Exception, sched: Schedule, action: Any, device: str) -> Excep
 
 
 def _Finish(step: _Step) -> Result:
-    """Weighted means of the metrics; every gradient scaled by 1 / (the total loss
-    weight * the loss scale) when there is a loss."""
+    """The metrics' weighted means; the gradients scaled as the module docstring says."""
     context, last = step.context, step.sched.num_stages - 1
     metrics, scale = NestedMap(), None
     if step.loss_fn is not None:
