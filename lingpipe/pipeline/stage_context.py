@@ -1,12 +1,4 @@
-"""StageContext: what one piece of a stage's work needs, passed to it as one value.
-
-A stage's forward, its recomputation and its backward run on the stage's device,
-inside the seed scope of their micro-batch (so dropout draws the same masks when
-a forward is replayed), flagged as a recomputation when they replay a forward
-(batch norm then records nothing), and, on TPU, with their tensors annotated for
-the stage's logical core. The pipeline builds one StageContext per action and
-hands it to the code that runs the action; `Entered(ctx)` enters all of it.
-"""
+"""StageContext: what one action of a stage needs, built per action and passed to it."""
 
 from __future__ import annotations
 
@@ -22,15 +14,17 @@ from lingpipe import base_layer, seeds
 
 @dataclasses.dataclass(frozen=True)
 class StageContext:
-    """What the work of `stage` on `micro_batch` needs.
+    """What the work of `stage` on `micro_batch` (a forward, recomputation or backward) needs.
 
     Attributes:
       stage: the stage's index (a virtual stage when interleaved).
       device: where its ops run.
       micro_batch: which micro-batch.
       seed_scope: the values of seeds.StepSeedScope for this micro-batch (the
-        step's, then the micro-batch index).
-      recompute: whether this replays a forward that already ran.
+        step's, then the micro-batch index), so a replayed forward draws the same
+        dropout masks.
+      recompute: whether this replays a forward that already ran (batch norm then
+        records nothing).
       annotate: maps a structure of tensors to the same, annotated for the stage's
         TPU logical core (identity elsewhere).
     """
