@@ -1,9 +1,4 @@
-"""Which forwards keep their activations for the backward, and which are replayed:
-
-    kept = remat.Kept(sched, 'except_last')   # {(stage, micro_batch), ...}
-
-the executor keeps the pairs in `kept` and replays every other forward.
-"""
+"""Which forwards keep their activations for the backward; the executor replays the others."""
 
 from __future__ import annotations
 
