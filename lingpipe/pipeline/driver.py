@@ -61,10 +61,6 @@ class Driver:
 
         return Context
 
-    def _Keep(self, sched: schedule.Schedule) -> Callable[[int, int], bool]:
-        kept = remat.Kept(sched, self.remat)
-        return lambda s, m: (s, m) in kept
-
     def _Split(self, args: Any, sizes: list, device: str, name: str) -> list:
         with tf.device(device), tf.name_scope(name):
             return micro_batch.Split(args, sizes, self.batch_dim)
@@ -77,7 +73,8 @@ class Driver:
             name, len(self.devices), len(sizes), placement=self.stage_devices
         )
         micro_args = self._Split(args, sizes, self.devices[0], "split")
-        step = executor.Forward(sched, stages, micro_args, self._Keep(sched), self._Contexts())
+        keep = remat.Kept(sched, self.remat)
+        step = executor.Forward(sched, stages, micro_args, keep, self._Contexts())
         if len(sizes) == 1 and not self.merge_one:
             return step.Outputs()[0], step
         with tf.device(self.last_device), tf.name_scope("merge"):
@@ -154,7 +151,7 @@ class Driver:
         micro_loss = [None] * len(sizes)
         if loss_inputs is not None:
             micro_loss = self._Split(loss_inputs, sizes, self.last_device, "split_loss")
-        keep, context = self._Keep(sched), self._Contexts()
+        keep, context = remat.Kept(sched, self.remat), self._Contexts()
         return executor.Run(
             sched, stages, micro_args, loss_fn, micro_loss, keep, context, loss_scale
         )

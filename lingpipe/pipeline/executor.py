@@ -16,7 +16,7 @@ action of the same device (a control dependency on what that action produced),
 so each device follows its list; nothing else is ordered but the data.
 
 - F s m: the stage's forward of micro-batch m. When its activations are kept
-  (`keep(s, m)`), under a tape; else without one (the backward replays it). On
+  ((s, m) in `keep`), under a tape; else without one (the backward replays it). On
   the last stage `loss_fn(outputs, loss_inputs_m)` gives the micro-batch's metrics.
 - B s m: the gradient of the stage's inputs and weights, from the gradient of its
   outputs that stage s+1's backward produced (on the last stage, from the loss, or
@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -184,7 +184,7 @@ class _Step:
         """Runs the stage (and the loss on the last stage) in `ctx`: (tape, outputs, objective),
         the objective, where the micro-batch's backward starts, being loss_m w_m (* loss_scale)."""
         stage, inputs = self.stages[s], self.Inputs(s, m)
-        tape = tf.GradientTape() if ctx.recompute or self.keep(s, m) else None
+        tape = tf.GradientTape() if ctx.recompute or (s, m) in self.keep else None
         with tape or contextlib.nullcontext(), Entered(ctx):
             if tape is not None:
                 tape.watch([x for x in tf.nest.flatten(inputs) + stage.weights if _IsFloat(x)])
@@ -300,7 +300,7 @@ def Run(
     micro_inputs: Sequence[Any],
     loss_fn: Callable[[Any, Any], NestedMap],
     micro_loss_inputs: Sequence[Any],
-    keep: Callable[[int, int], bool],
+    keep: Collection[tuple[int, int]],
     context: Callable[[int, int], StageContext],
     loss_scale: tf.Tensor | None = None,
 ) -> Result:
@@ -313,7 +313,7 @@ def Run(
       loss_fn: (last stage's outputs, loss inputs) of a micro-batch -> NestedMap of
         (value, weight) metrics with 'loss', run on the last stage.
       micro_loss_inputs: loss_fn's second argument, one per micro-batch.
-      keep: whether stage s keeps micro-batch m's activations (else it recomputes).
+      keep: the (stage, micro-batch) pairs whose activations are kept (remat.Kept).
       context: the StageContext of stage s on micro-batch m.
       loss_scale: a float scalar, float16's loss scale (None: 1).
     """
@@ -326,7 +326,7 @@ def Forward(
     sched: Schedule,
     stages: Sequence[Stage],
     micro_inputs: Sequence[Any],
-    keep: Callable[[int, int], bool],
+    keep: Collection[tuple[int, int]],
     context: Callable[[int, int], StageContext],
 ) -> _Step:
     """Run's first half (see the module docstring): the forwards of `sched`, no loss."""
