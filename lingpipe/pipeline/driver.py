@@ -5,10 +5,9 @@
     y, step = drive.Forward(stages, args, sizes)                             # evaluation
     result = drive.Run(sched, stages, args, sizes, loss_fn, loss_inputs)     # a schedule
 
-The caller makes the executor's stages from its weights and maps their gradients
-back. The driver splits the inputs on the first device (`split`) and the loss
-inputs on the last stage's (`split_loss`), merges the outputs there (`merge`),
-keeps activations as `remat` says and gives each action its StageContext.
+The driver splits the inputs on the first device (`split`) and the loss inputs
+on the last stage's (`split_loss`), merges the outputs there (`merge`) and gives
+each action its StageContext.
 """
 
 from __future__ import annotations

@@ -338,8 +338,7 @@ def Forward(
             f"executor.Forward: schedule {sched.name!r} runs {late[0]} after a backward; "
             "expected every forward first (a fill-drain or forward-only schedule)"
         )
-    none = [None] * sched.num_micro_batches
-    step = _Step(sched, stages, micro_inputs, None, none, keep, context)
+    step = _Step(sched, stages, micro_inputs, None, None, keep, context)
     step.Act(order[:first])
     step.rest = order[first:]
     return step

@@ -5,9 +5,6 @@ weights stay float32 (the "master" copy the optimizer updates): each cell casts
 a weight to the compute dtype where it uses it, so the activations that cross
 stage boundaries, and the gradients flowing back between stages, are in the
 compute dtype, and the gradient of a weight comes out of the cast in float32.
-The executor adds the micro-batches' weight gradients in float32 on the stage's
-device (`ForAccumulation`), and scales the loss and the final sums in float32
-(`Scale`), where a float16 product would overflow or underflow.
 """
 
 from __future__ import annotations
@@ -37,15 +34,16 @@ def IsNarrow(dtype: tf.DType) -> bool:
 
 
 def ForAccumulation(t: Any) -> Any:
-    """`t` in float32 when it is a narrow float (a sum of micro-batches' gradients or
-    losses in bfloat16 loses the small terms); anything else as it is."""
+    """`t` in float32 when it is a narrow float (the executor's sums of micro-batches'
+    gradients or losses in bfloat16 lose the small terms); anything else as it is."""
     if isinstance(t, tf.Tensor) and IsNarrow(t.dtype):
         return tf.cast(t, tf.float32)
     return t
 
 
 def Scale(t: Any, factor: tf.Tensor) -> Any:
-    """t * factor, computed in float32 when t is narrow and returned in t's dtype."""
+    """t * factor, computed in float32 when t is narrow (for the executor's final scaling of
+    the sums: a float16 product would overflow or underflow), returned in t's dtype."""
     if IsNarrow(t.dtype):
         return tf.cast(tf.cast(t, tf.float32) * tf.cast(factor, tf.float32), t.dtype)
     return t * tf.cast(factor, t.dtype)
