@@ -11,7 +11,7 @@ replica of K cores places work by annotating tensors with a logical core
 every stage's forward outputs and the gradients its backward returns are annotated
 with `assign(tensor, k)`, k being the index of the stage's device in `stage_devices`
 (one entry per pipeline device; `sched.DeviceOf(stage)` says which), and XLA places
-the ops that produce them on logical core k. Outside, tensors are left as they are.
+the ops that produce them on logical core k.
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ def Annotate(device: str, values: Any) -> Any:
 
 def StageAnnotator(device: str) -> Callable[[Any], Any]:
     """`values -> values annotated for device's logical core` under the active
-    LogicalCores, or the identity outside. A pipeline reads it once where it starts
-    and passes it to each stage's work in its StageContext."""
+    LogicalCores, else the identity: a pipeline reads it once, where it starts."""
     active = getattr(_ACTIVE, "value", None)
     if active is None:
         return lambda values: values

@@ -9,13 +9,12 @@ work reads only its own device's weights and activations, so it compiles:
 
 Each call traces a new `tf.function(jit_compile=True)` of `stage_fn` (its
 closure, e.g. the micro-batch's seed scope and whether it is a recomputation,
-is read at trace time and differs between calls) and calls it where the caller
-stands: the call op gets the caller's device. Under a tape TensorFlow builds its
-gradient as a second function with the same `_XlaMustCompile` attribute, on the
-same device, so a stage's forward, recomputation and backward are each one
-compiled kernel cluster. Variables are read before the call: the compiled
-function takes only tensors, and the read, recorded by the caller's tape,
-carries the gradient to the variable.
+is read at trace time and differs between calls); the call op gets the caller's
+device. Under a tape TensorFlow builds its gradient as a second function with the
+same `_XlaMustCompile` attribute, on the same device, so a stage's forward,
+recomputation and backward are each one compiled kernel cluster. Variables are
+read before the call: the compiled function takes only tensors, and the read,
+recorded by the caller's tape, carries the gradient to the variable.
 
 Dropout under XLA draws other masks than uncompiled: `tf.random.stateless_*`
 gives other bits in XLA than in TensorFlow's kernels (for the same seed and
