@@ -92,8 +92,10 @@ def _IsFloat(x: Any) -> bool:
     return isinstance(x, (tf.Tensor, tf.Variable)) and x.dtype.is_floating
 
 
-def _Dense(g: Any) -> Any:
-    return tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+def _Summand(g: Any) -> Any:
+    """A gradient as a term of a sum: dense, and in float32 when narrow."""
+    dense = tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+    return precision.ForAccumulation(dense)
 
 
 def _Add(a: Any, b: Any) -> Any:
@@ -206,8 +208,7 @@ class _Step:
         self.outputs[(s, m)] = outputs
         if tape is not None:
             self.kept[(s, m)] = (tape, outputs, objective)
-        done = tf.nest.flatten(outputs)
-        return done + ([objective] if objective is not None else [])
+        return tf.nest.flatten(outputs) + ([objective] if objective is not None else [])
 
     def Gradients(self, s: int, m: int) -> tuple[list, list, dict]:
         """(input grads, weight grads, extra grads) of stage s on micro-batch m."""
@@ -236,18 +237,9 @@ class _Step:
         )
         taken = iter(grads)  # in the order of `sources`; None where a leaf is not floating point
         input_grads = [next(taken) if _IsFloat(x) else None for x in flat_in]
-        weight_grads = [
-            precision.ForAccumulation(_Dense(next(taken))) if _IsFloat(w) else None
-            for w in stage.weights
-        ]
-        extra_grads = {v.ref(): precision.ForAccumulation(_Dense(next(taken))) for v in extras}
+        weight_grads = [_Summand(next(taken)) if _IsFloat(w) else None for w in stage.weights]
+        extra_grads = {v.ref(): _Summand(next(taken)) for v in extras}
         return input_grads, weight_grads, extra_grads
-
-    def Accumulate(self, s: int, weight_grads: list, extra_grads: dict) -> list:
-        self.sums[s] = [_Add(a, g) for a, g in zip(self.sums[s], weight_grads)]
-        for ref, g in extra_grads.items():
-            self.extra[ref] = _Add(self.extra.get(ref), g)
-        return [g for g in self.sums[s] + list(self.extra.values()) if g is not None]
 
     def DoBackward(self, s: int, m: int) -> list:
         return self.DoBackwardInput(s, m, hold=False) + self.DoBackwardWeight(s, m, [])
@@ -272,7 +264,10 @@ class _Step:
         for op in held:
             for gate in after:  # the device's previous action's op (Act)
                 op._add_control_input(gate)  # noqa: SLF001 (W waits for its turn)
-        return self.Accumulate(s, weight_grads, extra_grads)
+        self.sums[s] = [_Add(a, g) for a, g in zip(self.sums[s], weight_grads)]
+        for ref, g in extra_grads.items():
+            self.extra[ref] = _Add(self.extra.get(ref), g)
+        return [g for g in self.sums[s] + list(self.extra.values()) if g is not None]
 
 
 def _Ancestors(tensors: list, within: set) -> set:
