@@ -61,10 +61,8 @@ from lingpipe.pipeline.stage_context import Entered, StageContext
 
 @dataclasses.dataclass
 class Stage:
-    """One stage for the executor: `run(weights, inputs) -> outputs` on its device.
-
-    `weights` are the leaves (variables or tensors) whose gradient the stage sums.
-    """
+    """One stage for the executor: `run(weights, inputs) -> outputs` on its device,
+    `weights` being the leaves (variables or tensors) whose gradient the stage sums."""
 
     weights: list
     run: Callable[[list, Any], Any]
@@ -305,8 +303,7 @@ def Run(
       sched: the schedule; sched.num_stages == len(stages).
       stages: what each stage runs, with its weights.
       micro_inputs: the first stage's inputs, one structure per micro-batch.
-      loss_fn: (last stage's outputs, loss inputs) of a micro-batch -> NestedMap of
-        (value, weight) metrics with 'loss', run on the last stage.
+      loss_fn: (outputs, loss inputs) -> NestedMap of (value, weight) metrics with 'loss'.
       micro_loss_inputs: loss_fn's second argument, one per micro-batch.
       keep: the (stage, micro-batch) pairs whose activations are kept (remat.Kept).
       context: the StageContext of stage s on micro-batch m.
@@ -349,8 +346,7 @@ def Backward(step: _Step, output_grads: Sequence[Any]) -> Result:
 
 
 def _Named(error: Exception, sched: Schedule, action: Any, device: str) -> Exception:
-    """`error` again, its message naming `action` and showing its device's list, in one
-    line (the trainer's errors are one line each)."""
+    """`error` as the module docstring says, in one line (as the trainer's errors are)."""
     d = sched.DeviceOf(action.stage)
     listed = ", ".join(f">> {a} <<" if a == action else str(a) for a in sched.device_actions[d])
     message = (
