@@ -56,7 +56,7 @@ class Driver:
 
         def Context(s: int, m: int) -> StageContext:
             d = self.stage_devices[s]
-            return StageContext(s, self.devices[d], m, scope + (m,), False, annotators[d])
+            return StageContext(self.devices[d], scope + (m,), False, annotators[d])
 
         return Context
 

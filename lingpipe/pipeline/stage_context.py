@@ -14,12 +14,10 @@ from lingpipe import base_layer, seeds
 
 @dataclasses.dataclass(frozen=True)
 class StageContext:
-    """What the work of `stage` on `micro_batch` (a forward, recomputation or backward) needs.
+    """What the work of a stage on a micro-batch (forward, recomputation or backward) needs.
 
     Attributes:
-      stage: the stage's index (a virtual stage when interleaved).
       device: where its ops run.
-      micro_batch: which micro-batch.
       seed_scope: the values of seeds.StepSeedScope for this micro-batch (the
         step's, then the micro-batch index), so a replayed forward draws the same
         dropout masks.
@@ -29,9 +27,7 @@ class StageContext:
         TPU logical core (identity elsewhere).
     """
 
-    stage: int
     device: str
-    micro_batch: int
     seed_scope: tuple = ()
     recompute: bool = False
     annotate: Callable[[Any], Any] = lambda values: values
