@@ -15,19 +15,16 @@ float32 rounding.
         name='pipe', cell_tpl=[block_p] * 8, num_stages=4, num_micro_batches=8)
     pipe = p.Instantiate()
     y = pipe(x)  # x: [batch, ...], split along batch_dim (batch may be unknown until run time)
+    out = pipe.ForwardBackward(pipe.theta, (x,), loss_fn)  # in p.schedule's order
 
-One engine runs every path (lingpipe.pipeline.executor): every op of a stage
-(forward, recomputation, gradient, the accumulation of its weights' gradients)
-runs on its device, in that device's order; the only cross-device traffic is the
-activations and their gradients between neighbouring stages.
-
-    y = pipe(x)                # under your own tape (GradientTape or tf.gradients):
-                               # the fill-drain forwards; the tape's gradient runs
-                               # the executor's backwards from dy (one custom gradient)
-    out = pipe.ForwardBackward(pipe.theta, (x,), loss_fn)   # p.schedule decides
-
-Tasks train through `ForwardBackward`, each micro-batch's loss computed on the
-last stage. In eval mode FProp runs a forward-only schedule.
+Under your own tape (GradientTape or tf.gradients) `pipe(x)` runs the fill-drain
+forwards as one custom gradient whose gradient runs the executor's backwards from dy;
+tasks train through `ForwardBackward`, each micro-batch's loss computed on the last
+stage. In eval mode FProp runs a forward-only schedule. One engine runs every path
+(lingpipe.pipeline.executor): every op of a stage (forward, recomputation, gradient,
+the accumulation of its weights' gradients) runs on its device, in that device's
+order; the only cross-device traffic is the activations and their gradients between
+neighbouring stages.
 """
 
 from __future__ import annotations
@@ -56,7 +53,6 @@ from lingpipe.pipeline import (
 from lingpipe.pipeline import report as report_lib
 
 PARTITION_POLICIES = ("uniform", "flops", "params", "profile")
-REMAT_POLICIES = remat.POLICIES
 
 
 def _Unpacked(outputs: Any) -> Any:
@@ -100,10 +96,9 @@ class PipeliningLayer(base_layer.BaseLayer):
         p.Define(
             "remat",
             "always",
-            "Recompute each stage's forward in backward: 'always', 'except_last' (keep, "
-            "per stage, the micro-batch whose backward follows its forward most closely "
-            "with no other backward in between: the last one under FProp and 'gpipe'), "
-            "or 'never'.",
+            "Recompute each stage's forward in backward: 'always', 'except_last' (keep, per "
+            "stage, the micro-batch whose backward follows its forward most closely with no "
+            "other backward in between: the last one under FProp and 'gpipe'), or 'never'.",
         )
         p.Define(
             "input_shapes",
@@ -145,7 +140,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         asserts.Positive(p.num_micro_batches, "num_micro_batches", where=self.path)
         if p.micro_batch_size is not None:
             asserts.Positive(p.micro_batch_size, "micro_batch_size", where=self.path)
-        asserts.In(p.remat, REMAT_POLICIES, "remat", where=self.path)
+        asserts.In(p.remat, remat.POLICIES, "remat", where=self.path)
         asserts.Ge(p.batch_dim, 0, "batch_dim", where=self.path)
         self._placement = self._CheckSchedule()
         num_chunks = self._placement.num_stages
@@ -418,8 +413,7 @@ class PipeliningLayer(base_layer.BaseLayer):
             raise ValueError(f"{self.path}: {e}") from None
 
     def KeptActivations(self, sched: schedule.Schedule) -> set[tuple[int, int]]:
-        """The (stage, micro-batch) pairs whose activations are kept under p.remat
-        (lingpipe.pipeline.remat.Kept)."""
+        """The (stage, micro-batch) pairs whose activations p.remat keeps (remat.Kept)."""
         return remat.Kept(sched, self.params.remat)
 
     def ForwardBackward(
@@ -471,11 +465,9 @@ class PipeliningLayer(base_layer.BaseLayer):
         return xla.Compiled(Run) if self.params.jit_compile_stages else Run
 
     def FPropSequential(self, theta: NestedMap, *args: Any) -> Any:
-        """The reference: the same cells and micro-batches, one after another, no devices.
-
-        What the pipeline must equal: same outputs, loss and gradients (rounding
-        aside), batch norm statistics accumulated the same way.
-        """
+        """The reference the pipeline must equal (module doc): the same cells and
+        micro-batches one after another, no devices; batch norm statistics accumulate
+        the same way."""
         p = self.params
         sizes = self._Sizes(args)
         micro_args = micro_batch.Split(args, sizes, p.batch_dim)
