@@ -1,9 +1,4 @@
-"""Cutting a sequence of cells into contiguous pipeline stages.
-
-`MinMaxPartition` is exact: of all ways to cut N cells into K contiguous, non-empty
-stages it returns one whose most expensive stage is as cheap as possible (the
-pipeline's clock is set by its slowest stage), and among those the most even.
-"""
+"""Cutting a sequence of cells into contiguous pipeline stages."""
 
 from __future__ import annotations
 
@@ -41,12 +36,11 @@ def MinMaxCost(costs: Sequence[float], num_stages: int) -> float:
 
 
 def MinMaxPartition(costs: Sequence[float], num_stages: int) -> list[int]:
-    """Cell counts per stage of an optimal min-max cut of `costs` into `num_stages`.
-
-    Among the cuts that reach the optimal bound, takes the most even one: the least
-    sum of squared stage costs (a second dynamic program under the bound); ties put
-    the extra cells on earlier stages, as micro-batch sizes do.
-    """
+    """Cell counts per stage of a cut of `costs` into `num_stages` contiguous, non-empty
+    stages whose most expensive stage (it sets the pipeline's clock) is as cheap as any
+    such cut allows (exact); among those, the most even one: the least sum of squared
+    stage costs (a second dynamic program under the bound); ties put the extra cells on
+    earlier stages, as micro-batch sizes do."""
     bound = MinMaxCost(costs, num_stages)
     slack = bound * (1 + _EPS) + _EPS
     prefix = _Prefix(costs)
