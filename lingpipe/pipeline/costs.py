@@ -1,9 +1,4 @@
-"""What each cell costs, for partitioning and the partition report.
-
-`CellMetas` chains the cells' FPropMeta from the pipeline's input shapes (nothing
-is built); `ProfileCells` builds each cell on the default device and times its
-forward and backward on a sample batch.
-"""
+"""What each cell costs, for partitioning and the partition report."""
 
 from __future__ import annotations
 
@@ -28,10 +23,8 @@ def CellMetas(
     cell_params: Sequence[hyperparams.InstantiableParams],
     input_shapes: tuple,
 ) -> list[NestedMap]:
-    """FPropMeta of each cell in turn, each fed the previous one's out_shapes.
-
-    Returns one NestedMap per cell: flops, num_params, in_shapes, out_shapes.
-    """
+    """Each cell's FPropMeta, fed the previous one's out_shapes (nothing is built): one
+    NestedMap per cell with flops, num_params, in_shapes, out_shapes."""
     shapes = tuple(base_layer.NormShape(s) for s in input_shapes)
     metas = []
     for i, p in enumerate(cell_params):
@@ -40,23 +33,16 @@ def CellMetas(
         meta = child_p.cls.FPropMeta(child_p, *shapes)
         if meta is None:
             raise ValueError(f"cell {i} ({p.cls.__name__}) FPropMeta returned nothing")
-        out = tuple(meta.out_shapes)
-        metas.append(
-            NestedMap(
-                flops=meta.flops, num_params=meta.num_params, in_shapes=shapes, out_shapes=out
-            )
-        )
-        shapes = out
+        metas.append(NestedMap(flops=meta.flops, num_params=meta.num_params, in_shapes=shapes))
+        shapes = tuple(meta.out_shapes)
+        metas[-1].out_shapes = shapes
     return metas
 
 
 def ShapeBytes(shapes: Any, dtype: tf.DType = tf.float32) -> int:
     """Bytes of tensors of these (fully known) shapes; unknown dims count as 1."""
-    total = 0
-    for shape in tf.nest.flatten(shapes, expand_composites=False):
-        if isinstance(shape, tf.TensorShape):
-            total += math.prod(1 if d is None else d for d in shape.as_list()) * dtype.size
-    return total
+    known = [s for s in tf.nest.flatten(shapes) if isinstance(s, tf.TensorShape)]
+    return sum(math.prod(1 if d is None else d for d in s.as_list()) * dtype.size for s in known)
 
 
 def _SampleInput(spec: Any) -> Any:
@@ -75,10 +61,8 @@ def ProfileCells(
     input_specs: tuple,
     repeats: int = 3,
 ) -> list[float]:
-    """Seconds of forward + backward of each cell on a sample batch (best of `repeats`).
-
-    Builds every cell once, on the default device, outside the pipeline's tree.
-    """
+    """Seconds of forward + backward of each cell on a sample batch (best of `repeats`);
+    builds every cell once, on the default device, outside the pipeline's tree."""
     args = tuple(_SampleInput(s) for s in input_specs)
     seconds = []
     for i, p in enumerate(cell_params):
@@ -92,10 +76,8 @@ def ProfileCells(
             with tf.GradientTape() as tape:
                 tape.watch(floats)
                 out = cell(*inputs)
-                loss = tf.add_n(
-                    [tf.reduce_sum(o) for o in tf.nest.flatten(out) if o.dtype.is_floating]
-                    or [tf.constant(0.0)]
-                )
+                sums = [tf.reduce_sum(o) for o in tf.nest.flatten(out) if o.dtype.is_floating]
+                loss = tf.add_n(sums or [tf.constant(0.0)])
             return out, tape.gradient(loss, cell.trainable_variables or floats)
 
         out, _ = Step(*args)  # trace and warm up
