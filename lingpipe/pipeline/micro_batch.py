@@ -22,21 +22,15 @@ Size = int | tf.Tensor  # a static size, or a scalar int32 tensor known at run t
 def _HasDim(leaf: Any, batch_dim: int) -> bool:
     """Whether `leaf` is a tensor (or a tf.TensorSpec, for the memory estimate) of known
     rank with a dimension batch_dim."""
-    return (
-        isinstance(leaf, (tf.Tensor, tf.Variable, tf.TensorSpec))
-        and leaf.shape.rank is not None
-        and leaf.shape.rank > batch_dim
-    )
+    is_tensor = isinstance(leaf, (tf.Tensor, tf.Variable, tf.TensorSpec))
+    return is_tensor and (leaf.shape.rank or 0) > batch_dim  # rank None: unknown
 
 
 def BatchSize(structure: Any, batch_dim: int, where: str = "pipeline") -> Size:
-    """The batch size: the size along batch_dim that most tensor leaves share.
-
-    Ties go to the leaf that comes first in tf.nest order, so a lone table or
-    constant with some other size (a [1, vocab, dims] shared weight, say) never
-    decides the batch, whatever its name. When the deciding size is unknown at
-    trace time, the batch is `tf.shape(leaf)[batch_dim]` of the first such leaf.
-    """
+    """The size along batch_dim that most tensor leaves share (module doc); ties go to
+    the leaf first in tf.nest order, so a lone table or constant with some other size
+    (a [1, vocab, dims] shared weight, say) never decides the batch, whatever its name.
+    An unknown deciding size is `tf.shape(leaf)[batch_dim]` of the first such leaf."""
     leaves = [leaf for leaf in tf.nest.flatten(structure) if _HasDim(leaf, batch_dim)]
     if not leaves:
         raise ValueError(
@@ -59,11 +53,8 @@ def Describe(x: Any) -> str:
 
 
 def Sizes(batch: Size, num_micro_batches: int, where: str = "pipeline") -> list[Size]:
-    """Micro-batch sizes: as even as possible, the larger ones first.
-
-    Python ints for a static batch; for a batch known only at run time, M scalar
-    int32 tensors, after a run-time check that batch >= M.
-    """
+    """Micro-batch sizes (module doc): Python ints for a static batch; for a batch known
+    only at run time, M scalar int32 tensors, after a run-time check that batch >= M."""
     if num_micro_batches < 1 or (isinstance(batch, int) and num_micro_batches > batch):
         raise ValueError(
             f"{where}: expected 1 <= num_micro_batches <= batch size, received "
@@ -114,11 +105,9 @@ def Split(structure: Any, sizes: list[Size], batch_dim: int) -> list[Any]:
 
 
 def Merge(micro_outputs: list[Any], sizes: list[Size], batch_dim: int) -> Any:
-    """Inverse of Split for outputs: batched leaves concatenated in order along batch_dim.
-
-    A leaf that is not batched in every micro-batch (a per-micro-batch scalar, say)
-    is stacked into a new leading dimension of size M.
-    """
+    """Inverse of Split for outputs: batched leaves concatenated in order along batch_dim;
+    a leaf not batched in every micro-batch (a per-micro-batch scalar, say) is stacked
+    into a new leading dimension of size M."""
     merged = []
     for parts in zip(*[tf.nest.flatten(o) for o in micro_outputs]):
         batched = all(IsBatched(p, s, batch_dim) for p, s in zip(parts, sizes))
@@ -149,21 +138,18 @@ def SplitLike(merged: Any, micro_outputs: list[Any], sizes: list[Size], batch_di
 def MergeGradients(
     micro_grads: list[list], structure: Any, sizes: list[Size], batch_dim: int
 ) -> Any:
-    """The gradient of `structure`'s leaves from the gradients of its micro-batches.
-
-    `micro_grads[m]` is aligned with tf.nest.flatten of micro-batch m's split of
-    `structure`. A batched leaf's gradient is its micro-batches' concatenated; a
-    leaf handed whole to every micro-batch gets their sum; None stays None.
-    """
+    """The gradient of `structure`'s leaves from its micro-batches' (`micro_grads[m]`
+    aligned with tf.nest.flatten of micro-batch m's split of `structure`): a batched
+    leaf's gradient is theirs concatenated, a leaf handed whole to every micro-batch
+    gets their sum; None stays None."""
+    if len(sizes) == 1:  # nothing was split
+        return tf.nest.pack_sequence_as(structure, list(micro_grads[0]))
     batch = _Total(sizes)
     merged = []
     for leaf, parts in zip(tf.nest.flatten(structure), zip(*micro_grads)):
-        batched = len(parts) > 1 and IsBatched(leaf, batch, batch_dim)
-        if any(g is None for g in parts):
-            present = [g for g in parts if g is not None]
-            merged.append(tf.add_n(present) if present and not batched else None)
-        elif batched:
-            merged.append(tf.concat(parts, axis=batch_dim))
+        present = [g for g in parts if g is not None]
+        if IsBatched(leaf, batch, batch_dim):
+            merged.append(tf.concat(parts, axis=batch_dim) if len(present) == len(parts) else None)
         else:
-            merged.append(parts[0] if len(parts) == 1 else tf.add_n(parts))
+            merged.append(tf.add_n(present) if present else None)
     return tf.nest.pack_sequence_as(structure, merged)
