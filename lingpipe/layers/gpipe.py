@@ -145,15 +145,13 @@ class PipeliningLayer(base_layer.BaseLayer):
         self._placement = self._CheckSchedule()
         num_chunks = self._placement.num_stages
         if num_chunks > len(cells):
-            chunks = f"num_stages={p.num_stages}"
+            chunks, unit = f"num_stages={p.num_stages}", "stage"
             if num_chunks > p.num_stages:
-                chunks += (
-                    f" x num_virtual_stages={num_chunks // p.num_stages} = {num_chunks} chunks"
-                )
+                virtual = f"num_virtual_stages={num_chunks // p.num_stages}"
+                chunks, unit = f"{chunks} x {virtual} = {num_chunks} chunks", "chunk"
             raise ValueError(
                 f"{self.path}: {chunks} is greater than the number of cells ({len(cells)} in "
-                f"cell_tpl); every {'chunk' if num_chunks > p.num_stages else 'stage'} needs at "
-                "least one cell"
+                f"cell_tpl); every {unit} needs at least one cell"
             )
         self._devices = cluster.PipelineDevices(p.devices, p.num_stages, self.path)
         stage_devices = self._placement.stage_devices
@@ -270,13 +268,11 @@ class PipeliningLayer(base_layer.BaseLayer):
     def PartitionReport(
         self, input_shapes: Sequence[Any] | None = None, optimizer: Any = None
     ) -> report_lib.PartitionReport:
-        """Per stage: device, cells, parameters, FLOPs, boundary activation bytes and
-        the estimated memory of a training step under p.schedule and p.remat
-        (lingpipe.pipeline.memory; `optimizer`: its params, or slots per weight).
-
-        FLOPs, boundary bytes and memory need the inputs' shapes: `input_shapes`,
-        else p.input_shapes, else the shapes of the last FProp.
-        """
+        """Per stage: device, cells, parameters, FLOPs, boundary activation bytes and the
+        estimated memory of a training step under p.schedule and p.remat (see
+        lingpipe.pipeline.memory; `optimizer`: its params, or slots per weight). FLOPs,
+        boundary bytes and memory need the inputs' shapes: `input_shapes`, else
+        p.input_shapes, else the shapes of the last FProp."""
         p = self.params
         shapes = input_shapes or p.input_shapes or self._seen_shapes
         shapes = None if shapes is None else tuple(shapes)
@@ -364,11 +360,11 @@ class PipeliningLayer(base_layer.BaseLayer):
 
         Args:
           theta: this layer's theta (cell_0 .. cell_{N-1}).
-          *args: the first cell's inputs. The batch is the size along batch_dim of the
-            first leaf that has one; every leaf with that size along batch_dim is split
-            into micro-batches, every other leaf (scalars, tables, a [d] vector when
-            d != batch) goes whole to each micro-batch. A per-model leaf whose size
-            happens to equal the batch would be split: give it another shape.
+          *args: the first cell's inputs. Every leaf with the batch along batch_dim (the
+            size most leaves share: micro_batch.BatchSize) is split into micro-batches,
+            every other leaf (scalars, tables, a [d] vector when d != batch) goes whole to
+            each micro-batch. A per-model leaf whose size happens to equal the batch would
+            be split: give it another shape.
 
         Returns:
           The last cell's outputs for the whole batch, micro-batches merged in order.
