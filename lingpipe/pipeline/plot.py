@@ -43,9 +43,6 @@ _TEXT_STYLE = {"ha": "center", "va": "center", "fontsize": 7, "color": "white"}
 
 def _Figure(sched: Schedule, bars: Sequence[Bar], unit: str, title: str) -> Any:
     """The Gantt chart of `bars`: device 0 on top."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
@@ -106,11 +103,7 @@ def _Title(what: str, sched: Schedule) -> str:
 
 def PlotSimulation(sched: Schedule, sim: Any, path: str, title: str | None = None) -> str:
     """Draws the plan: `sim` (simulate.Simulate(sched)) in its time units, to `path` (PNG)."""
-    bars = [
-        (sched.DeviceOf(a.stage), sim.start[a], sim.end[a], a)
-        for acts in sched.device_actions
-        for a in acts
-    ]
+    bars = [(sched.DeviceOf(a.stage), sim.start[a], sim.end[a], a) for a in sim.order]
     title = title or f"{_Title('plan', sched)}; bubble {sim.bubble:.1%} (simulated, F=1, B=2)"
     return _Save(_Figure(sched, bars, "time units", title), path)
 
