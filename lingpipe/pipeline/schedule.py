@@ -65,10 +65,8 @@ class Schedule:
     stage_devices: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        placement = self.stage_devices
-        if placement is None:
-            placement = [s % self.num_devices for s in range(self.num_stages)]
-        placement = tuple(placement)
+        loop = [s % self.num_devices for s in range(self.num_stages)]
+        placement = tuple(loop if self.stage_devices is None else self.stage_devices)
         if len(placement) != self.num_stages or any(
             isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < self.num_devices
             for d in placement
@@ -203,9 +201,9 @@ def ToCsv(sched: Schedule) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     for acts in sched.device_actions:
-        row = [""] * (int(round(max((sim.end[a] for a in acts), default=0.0))))
+        row = [""] * round(max((sim.end[a] for a in acts), default=0.0))
         for a in acts:
-            row[int(round(sim.start[a]))] = f"{a.stage}{a.kind}{a.micro_batch}"
+            row[round(sim.start[a])] = f"{a.stage}{a.kind}{a.micro_batch}"
         writer.writerow(row)
     return out.getvalue()
 
