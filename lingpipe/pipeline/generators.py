@@ -222,13 +222,10 @@ SCHEDULES = tuple(_BUILDERS)  # in the order errors and the command line list th
 def Make(
     name: str, num_stages: int, num_micro_batches: int, num_virtual_stages: int = 1
 ) -> Schedule:
-    """The schedule `name` for K = num_stages devices and M micro-batches.
-
-    num_stages is K, the devices (the pipeline's stages when each device runs one).
-    Schedules with several stages per device build K * v of them: num_virtual_stages
-    v for the names in VIRTUAL (stage s on device s mod K); two for the V-shaped
-    ones (`zbv`, `dualpipev`: device d runs stages d and 2K-1-d), where v may be 1
-    or 2; the others run 1.
+    """The schedule `name` for K = num_stages devices (the pipeline's stages when each
+    device runs one) and M micro-batches. The names in VIRTUAL build K * num_virtual_stages
+    stages (stage s on device s mod K); the V_SHAPED ones 2K on VPlacement's V (where
+    num_virtual_stages may be 1 or 2); the others K.
 
     Raises:
       ScheduleError: unknown name (with a suggestion), bad counts, or an M the

@@ -8,12 +8,11 @@ and the actions it needs are done:
     I s m   as B
     W s m   needs I s m
 
-`Simulate` rejects a schedule that is malformed (an action on a device that does
-not hold its stage, a micro-batch run twice or never) or that can deadlock, naming
-the first action that cannot run and showing the grid up to there. A
-forward-only schedule (no B, I or W at all) is valid: evaluation runs one. Costs
-are per kind, in time units: by default a forward, an input gradient and a weight
-gradient cost 1 each, so a whole backward B costs 2.
+`Simulate` rejects a schedule that is malformed (an action on a device that does not hold
+its stage, a micro-batch run twice or never) or that can deadlock, naming the first action
+that cannot run and showing the grid up to there. A forward-only schedule (no B, I or W at
+all) is valid: evaluation runs one. Costs are per kind, in time units: by default 1 for F,
+I and W, and 2 for a whole backward B.
 """
 
 from __future__ import annotations
