@@ -180,12 +180,9 @@ def PeakOf(events: list[tuple[float, int]]) -> int:
 
 def _PeakAlive(s: Schedule, start: dict, end: dict) -> tuple[list[int], list[int]]:
     """(per stage, per device) the most micro-batches alive at once."""
-    events = [
-        [
-            e
-            for m in range(s.num_micro_batches)
-            for e in ((start[Action(FORWARD, stage, m)], 1), (end[LastAction(stage, m, end)], -1))
-        ]
+    events = [  # PeakOf sorts them
+        [(start[Action(FORWARD, stage, m)], 1) for m in range(s.num_micro_batches)]
+        + [(end[LastAction(stage, m, end)], -1) for m in range(s.num_micro_batches)]
         for stage in range(s.num_stages)
     ]
     device = [sum((events[st] for st in s.StagesOf(d)), []) for d in range(s.num_devices)]
@@ -197,17 +194,14 @@ def Grid(s: Schedule, sim: Simulation) -> str:
     (`F3.1` on the device's second stage when it runs several), `~` the rest of a
     longer action, `.` idle."""
     width = max([len(a.kind + s.Label(a)) for acts in s.device_actions for a in acts] + [2])
-    slots = int(round(sim.makespan))
+    slots = round(sim.makespan)
+    rows = [["."] * slots for _ in range(s.num_devices)]
+    for a in sim.start:  # of a deadlocked schedule, what ran
+        t0, t1 = round(sim.start[a]), round(sim.end[a])
+        for t in range(t0, min(t1, slots)):
+            rows[s.DeviceOf(a.stage)][t] = a.kind + s.Label(a) if t == t0 else "~"
     lines = ["      " + " ".join(f"{t:>{width}}" for t in range(slots))]
-    for d, acts in enumerate(s.device_actions):
-        row = ["."] * slots
-        for a in acts:
-            if a not in sim.start:
-                continue
-            t0, t1 = int(round(sim.start[a])), int(round(sim.end[a]))
-            for t in range(t0, min(t1, slots)):
-                row[t] = a.kind + s.Label(a) if t == t0 else "~"
-        lines.append(f"dev {d:<2}" + " ".join(f"{c:>{width}}" for c in row))
+    lines += [f"dev {d:<2}" + " ".join(f"{c:>{width}}" for c in row) for d, row in enumerate(rows)]
     return "\n".join(lines)
 
 
