@@ -89,17 +89,6 @@ def BreadthFirst(
     return Schedule(name, k, len(placement), m, devices, placement)
 
 
-def _Rounds(k: int, m: int, v: int, reverse: bool = False) -> tuple[list[int], int]:
-    """(the chunk of each forward (backward) in Megatron's order, the first round's size):
-    micro-batches in M // K rounds of K or more (sizes as even as can be), each round
-    through every chunk (backwards: last chunk first). A round of at least K keeps
-    chunk c+1's first forward from waiting on the pipeline's fill."""
-    n = max(1, m // k)
-    sizes = [m // n + (1 if i < m % n else 0) for i in range(n)]
-    chunks = list(reversed(range(v))) if reverse else list(range(v))
-    return [c for size in sizes for c in chunks for _ in range(size)], sizes[0]
-
-
 def OneForwardOneBackward(
     name: str, num_devices: int, num_micro_batches: int, num_virtual_stages: int = 1
 ) -> Schedule:
@@ -116,11 +105,18 @@ def OneForwardOneBackward(
     """
     k, m, v = num_devices, num_micro_batches, num_virtual_stages
     split = "zero_bubble" in name
-    (forwards, size), (backwards, _) = _Rounds(k, m, v), _Rounds(k, m, v, True)
+    # The chunk of each forward and backward in Megatron's order: micro-batches in M // K
+    # rounds of K or more (sizes as even as can be), each round through every chunk
+    # (backwards: last chunk first). A round of at least K keeps chunk c+1's first forward
+    # from waiting on the pipeline's fill.
+    rounds = max(1, m // k)
+    sizes = [m // rounds + (1 if i < m % rounds else 0) for i in range(rounds)]
+    forwards = [c for size in sizes for c in range(v) for _ in range(size)]
+    backwards = [v - 1 - c for c in forwards]
     devices = []
     for d in range(k):
         dev = _Device(m)
-        warmup = (v - 1) * size + (k - d - 1) * (2 if v > 1 and not split else 1)
+        warmup = (v - 1) * sizes[0] + (k - d - 1) * (2 if v > 1 and not split else 1)
         warmup = min(warmup, len(forwards))
         for i in range(len(forwards) + warmup):
             if i < len(forwards):
