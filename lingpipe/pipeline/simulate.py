@@ -125,39 +125,31 @@ def Simulate(s: Schedule, costs: dict[str, float] | None = None) -> Simulation:
     free = [0.0] * s.num_devices
     heads = [0] * s.num_devices
     while len(end) < sum(len(a) for a in s.device_actions):
-        ran = len(end)
+        ran, blocked = len(end), []
         for d, acts in enumerate(s.device_actions):
             while heads[d] < len(acts):
                 a = acts[heads[d]]
                 deps = Dependencies(s, a, kinds)
-                if any(x not in end for x in deps):
+                missing = [str(x) for x in deps if x not in end]
+                if missing:
+                    blocked.append(f"device {d}'s next action {a} waits for {', '.join(missing)}")
                     break
                 start[a] = max([free[d]] + [end[x] for x in deps])
                 end[a] = free[d] = start[a] + costs[a.kind]
                 heads[d] += 1
-        if len(end) == ran:
-            _RaiseDeadlock(s, kinds, heads, start, end)
+        if len(end) == ran:  # nothing ran: `blocked` has every unfinished device
+            partial = Simulation(start, end, max(end.values(), default=0.0), [], [], [])
+            raise ScheduleError(
+                f"schedule {s.name!r} deadlocks: {blocked[0]}, which can never run before it"
+                + "".join(f"; {b}" for b in blocked[1:])
+                + f". What ran:\n{Grid(s, partial)}"
+            )
     makespan = max(end.values(), default=0.0)
     busy = [sum(costs[a.kind] for a in acts) for acts in s.device_actions]
     idle = [1.0 - b / makespan if makespan else 0.0 for b in busy]
     order = sorted(start, key=lambda a: (start[a], s.DeviceOf(a.stage)))  # stable: ties as run
     peaks, device_peaks = _PeakAlive(s, start, end)
     return Simulation(start, end, makespan, idle, peaks, order, device_peaks)
-
-
-def _RaiseDeadlock(s, kinds, heads, start, end) -> None:
-    blocked = []
-    for d, acts in enumerate(s.device_actions):
-        if heads[d] < len(acts):
-            a = acts[heads[d]]
-            missing = [str(x) for x in Dependencies(s, a, kinds) if x not in end]
-            blocked.append(f"device {d}'s next action {a} waits for {', '.join(missing)}")
-    partial = Simulation(start, end, max(end.values(), default=0.0), [], [], [])
-    raise ScheduleError(
-        f"schedule {s.name!r} deadlocks: {blocked[0]}, which can never run before it"
-        + "".join(f"; {b}" for b in blocked[1:])
-        + f". What ran:\n{Grid(s, partial)}"
-    )
 
 
 def LastAction(stage: int, m: int, end: dict) -> Action:
