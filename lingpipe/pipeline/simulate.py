@@ -96,16 +96,17 @@ def _CheckStructure(s: Schedule) -> None:
                 )
 
 
-def Dependencies(s: Schedule, a: Action, kinds: dict[tuple[int, int], str]) -> list[Action]:
-    """The actions `a` waits for; `kinds[(stage, m)]` is that backward's kind (B or I)."""
+def Dependencies(s: Schedule, a: Action, listed: set[Action]) -> list[Action]:
+    """The actions `a` waits for; `listed`, every action of `s`, says whether the next
+    stage's backward is a B or an I."""
     if a.kind == FORWARD:
         return [Action(FORWARD, a.stage - 1, a.micro_batch)] if a.stage > 0 else []
     if a.kind == BACKWARD_WEIGHT:
         return [Action(BACKWARD_INPUT, a.stage, a.micro_batch)]
     deps = [Action(FORWARD, a.stage, a.micro_batch)]
     if a.stage < s.num_stages - 1:
-        nxt = (a.stage + 1, a.micro_batch)
-        deps.append(Action(kinds[nxt], *nxt))
+        nxt = Action(BACKWARD, a.stage + 1, a.micro_batch)
+        deps.append(nxt if nxt in listed else nxt._replace(kind=BACKWARD_INPUT))
     return deps
 
 
@@ -114,22 +115,17 @@ def Simulate(s: Schedule, costs: dict[str, float] | None = None) -> Simulation:
     is malformed or can deadlock."""
     _CheckStructure(s)
     costs = dict(DEFAULT_COSTS, **(costs or {}))
-    kinds = {
-        (a.stage, a.micro_batch): a.kind
-        for acts in s.device_actions
-        for a in acts
-        if a.kind in (BACKWARD, BACKWARD_INPUT)
-    }
+    listed = {a for acts in s.device_actions for a in acts}
     start: dict[Action, float] = {}
     end: dict[Action, float] = {}
     free = [0.0] * s.num_devices
     heads = [0] * s.num_devices
-    while len(end) < sum(len(a) for a in s.device_actions):
+    while len(end) < len(listed):  # _CheckStructure: no action is listed twice
         ran, blocked = len(end), []
         for d, acts in enumerate(s.device_actions):
             while heads[d] < len(acts):
                 a = acts[heads[d]]
-                deps = Dependencies(s, a, kinds)
+                deps = Dependencies(s, a, listed)
                 missing = [str(x) for x in deps if x not in end]
                 if missing:
                     blocked.append(f"device {d}'s next action {a} waits for {', '.join(missing)}")
