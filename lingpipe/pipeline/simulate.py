@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 
 from lingpipe.pipeline.schedule import (
     BACKWARD,
@@ -158,12 +159,9 @@ def LastAction(stage: int, m: int, end: dict) -> Action:
 
 
 def PeakOf(events: list[tuple[float, int]]) -> int:
-    """The largest running sum of `events` ((time, delta); at a tie, frees first)."""
-    total = peak = 0
-    for _, delta in sorted(events):  # a tie sorts the negative delta first
-        total += delta
-        peak = max(peak, total)
-    return peak
+    """The largest running sum of `events` ((time, delta); at a tie, frees first: sorted
+    puts the negative delta first), 0 for none."""
+    return max(itertools.accumulate((delta for _, delta in sorted(events)), initial=0))
 
 
 def _PeakAlive(s: Schedule, start: dict, end: dict) -> tuple[list[int], list[int]]:
@@ -178,9 +176,8 @@ def _PeakAlive(s: Schedule, start: dict, end: dict) -> tuple[list[int], list[int
 
 
 def Grid(s: Schedule, sim: Simulation) -> str:
-    """One row per device, one column per time unit: `F3` forward of micro-batch 3
-    (`F3.1` on the device's second stage when it runs several), `~` the rest of a
-    longer action, `.` idle."""
+    """One row per device, one column per time unit: `F3` forward of micro-batch 3 (as
+    Schedule.Label writes it), `~` the rest of a longer action, `.` idle."""
     width = max([len(a.kind + s.Label(a)) for acts in s.device_actions for a in acts] + [2])
     slots = round(sim.makespan)
     rows = [["."] * slots for _ in range(s.num_devices)]
