@@ -1,10 +1,8 @@
 """Gantt charts of a pipeline: the plan (a schedule's simulation) and a measured timeline.
 
-One row per device, one bar per action, coloured by kind (forward F, backward B,
-input gradient I, weight gradient W), with the micro-batch number written on it
-(`3.1`: micro-batch 3 on the device's second stage, when it runs several). Drawn with
-matplotlib's Agg backend (no display needed) and written through tf.io.gfile,
-so the path may be local, gs:// or ram://.
+One row per device, one bar per action, coloured by kind (KINDS) and labelled with its
+micro-batch (Schedule.Label). Drawn with matplotlib's Agg canvas (no display needed) and
+written through tf.io.gfile, so the path may be local, gs:// or ram://.
 
     plot.PlotSimulation(sched, simulate.Simulate(sched), "/tmp/plan.png")
     plot.PlotSpans(timeline.Spans(...), sched, "/tmp/timeline.png")
