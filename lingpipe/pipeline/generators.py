@@ -30,11 +30,6 @@ VIRTUAL = ("interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "forward
 V_SHAPED = ("zbv", "dualpipev")
 
 
-def _Check(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ScheduleError(f"schedule: expected {name} >= 1, received {name}={value!r}")
-
-
 def VPlacement(num_devices: int) -> tuple[int, ...]:
     """The V placement of 2K stages: stage s on device s for s < K, else 2K-1-s."""
     return tuple(range(num_devices)) + tuple(reversed(range(num_devices)))
@@ -234,16 +229,17 @@ def Make(
             f"schedule: unknown schedule {name!r}, expected one of {', '.join(SCHEDULES)}"
             f" (or a Schedule, or the path of a CSV file){hint}"
         )
-    _Check("num_stages", num_stages)
-    _Check("num_micro_batches", num_micro_batches)
-    _Check("num_virtual_stages", num_virtual_stages)
+    counts = num_stages, num_micro_batches, num_virtual_stages
+    for key, value in zip(("num_stages", "num_micro_batches", "num_virtual_stages"), counts):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ScheduleError(f"schedule: expected {key} >= 1, received {key}={value!r}")
     if num_virtual_stages > (2 if name in V_SHAPED else 1) and name not in VIRTUAL:
         runs = "two stages per device (V placement)" if name in V_SHAPED else "one per device"
         raise ScheduleError(
             f"schedule {name!r}: num_virtual_stages={num_virtual_stages} needs one of "
             f"{', '.join(VIRTUAL)}; {name!r} runs {runs}"
         )
-    sched = _BUILDERS[name](name, num_stages, num_micro_batches, num_virtual_stages)
+    sched = _BUILDERS[name](name, *counts)
     simulate.Simulate(sched)  # raises ScheduleError if it cannot run
     return sched
 
@@ -258,9 +254,8 @@ def Resolve(
 
     Args:
       spec: a name in SCHEDULES (built by Make with `num_virtual_stages`), a Schedule
-        value, or the path of a CSV file (FromCsv). A Schedule or a CSV file carries
-        its own stages and placement; it must be for `num_devices` devices and
-        `num_micro_batches` micro-batches.
+        value, or the path of a CSV file (FromCsv); those two carry their own stages
+        and placement.
 
     Raises:
       ScheduleError: unknown name, unreadable CSV, a schedule for other K or M (saying
