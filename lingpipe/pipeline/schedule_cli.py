@@ -3,10 +3,9 @@
     python -m lingpipe.pipeline.schedule --schedule=zbv --num_stages=4 --num_micro_batches=8
     python -m lingpipe.pipeline.schedule --csv=my_schedule.csv --png=/tmp/plan.png
 
-prints the grid (a row per device, a column per time unit, under F = I = W = 1,
-B = 2), a line `bubble N.N%`, and each device's idle share and peak alive
-micro-batches (`--list` and `--png` add more). A schedule that cannot run exits
-with status 2 and says which action and why.
+prints simulate.Grid and simulate.Figures under the default costs (F = I = W = 1, B = 2),
+which has a line `bubble N.N%`. A schedule that cannot run exits with status 2 and says
+which action and why.
 """
 
 from __future__ import annotations

@@ -86,15 +86,14 @@ def _CheckStructure(s: Schedule) -> None:
     seen = collections.Counter(a for acts in s.device_actions for a in acts)
     # How often F, B, I and W of a stage and micro-batch may be listed.
     allowed = {(1, 1, 0, 0), (1, 0, 1, 1)} if s.has_backward else {(1, 0, 0, 0)}
-    for stage in range(s.num_stages):
-        for m in range(s.num_micro_batches):
-            acts = [Action(kind, stage, m) for kind in KINDS]
-            if tuple(seen[x] for x in acts) not in allowed:
-                counts = ", ".join(f"{x}: {seen[x]}" for x in acts)
-                raise ScheduleError(
-                    f"schedule {s.name!r}: stage {stage} micro-batch {m} needs one F and one "
-                    f"B (or one I and one W), received {counts}"
-                )
+    for stage, m in itertools.product(range(s.num_stages), range(s.num_micro_batches)):
+        acts = [Action(kind, stage, m) for kind in KINDS]
+        if tuple(seen[x] for x in acts) not in allowed:
+            counts = ", ".join(f"{x}: {seen[x]}" for x in acts)
+            raise ScheduleError(
+                f"schedule {s.name!r}: stage {stage} micro-batch {m} needs one F and one "
+                f"B (or one I and one W), received {counts}"
+            )
 
 
 def Dependencies(s: Schedule, a: Action, listed: set[Action]) -> list[Action]:
@@ -112,8 +111,7 @@ def Dependencies(s: Schedule, a: Action, listed: set[Action]) -> list[Action]:
 
 
 def Simulate(s: Schedule, costs: dict[str, float] | None = None) -> Simulation:
-    """Runs `s` in simulated time (see the module docstring); raises ScheduleError if `s`
-    is malformed or can deadlock."""
+    """Runs `s` in simulated time; raises ScheduleError where the module docstring says."""
     _CheckStructure(s)
     costs = dict(DEFAULT_COSTS, **(costs or {}))
     listed = {a for acts in s.device_actions for a in acts}
@@ -150,8 +148,7 @@ def Simulate(s: Schedule, costs: dict[str, float] | None = None) -> Simulation:
 
 
 def LastAction(stage: int, m: int, end: dict) -> Action:
-    """The action that ends micro-batch m's life on `stage`: its B, its W, or (forward
-    only) its F."""
+    """The action that ends micro-batch m's life on `stage`: its B, W, or (forward only) F."""
     for kind in (BACKWARD, BACKWARD_WEIGHT):
         if Action(kind, stage, m) in end:
             return Action(kind, stage, m)
