@@ -100,10 +100,9 @@ def OneForwardOneBackward(
     """
     k, m, v = num_devices, num_micro_batches, num_virtual_stages
     split = "zero_bubble" in name
-    # The chunk of each forward and backward in Megatron's order: micro-batches in M // K
-    # rounds of K or more (sizes as even as can be), each round through every chunk
-    # (backwards: last chunk first). A round of at least K keeps chunk c+1's first forward
-    # from waiting on the pipeline's fill.
+    # Each forward's and backward's chunk, in Megatron's order: M // K rounds of K or more
+    # micro-batches (sizes as even as can be), each through every chunk (backwards: last
+    # first). A round of at least K keeps chunk c+1's first forward from waiting on the fill.
     rounds = max(1, m // k)
     sizes = [m // rounds + (1 if i < m % rounds else 0) for i in range(rounds)]
     forwards = [c for size in sizes for c in range(v) for _ in range(size)]
