@@ -111,7 +111,7 @@ def Dependencies(s: Schedule, a: Action, listed: set[Action]) -> list[Action]:
 
 
 def Simulate(s: Schedule, costs: dict[str, float] | None = None) -> Simulation:
-    """Runs `s` in simulated time; raises ScheduleError where the module docstring says."""
+    """Runs `s` in simulated time; raises ScheduleError for what the module doc rejects."""
     _CheckStructure(s)
     costs = dict(DEFAULT_COSTS, **(costs or {}))
     listed = {a for acts in s.device_actions for a in acts}
@@ -178,7 +178,7 @@ def Grid(s: Schedule, sim: Simulation) -> str:
     width = max([len(a.kind + s.Label(a)) for acts in s.device_actions for a in acts] + [2])
     slots = round(sim.makespan)
     rows = [["."] * slots for _ in range(s.num_devices)]
-    for a in sim.start:  # of a deadlocked schedule, what ran
+    for a in sim.start:  # every action that ran (a deadlocked schedule's too)
         t0, t1 = round(sim.start[a]), round(sim.end[a])
         for t in range(t0, min(t1, slots)):
             rows[s.DeviceOf(a.stage)][t] = a.kind + s.Label(a) if t == t0 else "~"
