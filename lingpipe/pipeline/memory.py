@@ -1,26 +1,22 @@
 """Memory of each pipeline stage in a training step: an estimate, in bytes.
 
-Per stage, four terms:
+Per stage:
 
 - weights: every variable of the stage's cells (batch norm's moving statistics too).
-- gradients: the running sum of the trainable weights' gradient over micro-batches,
-  one tensor per trainable weight.
-- optimizer slots: what the optimizer keeps per trainable weight (`SlotBytes`, as
-  each lingpipe.optimizers class counts it: Adam 2 copies, Momentum 1, SGD 0, ...).
-- activations: what the step keeps alive for the backward, under the schedule and
-  the remat policy: the largest sum over the schedule's simulated time of what each
-  micro-batch holds (`ActivationEvents`: its inputs while alive, its full
-  activations when kept or while its backward replays the forward).
+- gradients: the running sum over micro-batches of each trainable weight's gradient.
+- optimizer slots: what the optimizer keeps per trainable weight (`SlotBytes`).
+- activations: what the step keeps alive for the backward under the schedule and the
+  remat policy: the peak over the schedule's simulated time of what the micro-batches
+  hold (`ActivationEvents`).
+- workspace: a backward's transients for one micro-batch (`Workspace`).
 
-A cell's full activations are measured, not guessed: `TraceCell` builds the cell
-in a throw-away graph (no memory is allocated, so a model too big for the machine
-can be estimated), takes `tf.gradients` of its outputs, and sums the bytes of
-the forward tensors that the gradient ops read: exactly what a tape keeps.
-Views (Reshape, Identity, ...) count as the tensor they view; the weights and the
-cell's inputs are not activations. Temporaries that live inside one op or one
-cell's backward (a matmul's result before its ReLU) are not counted; a stage's
-backward also holds, for one micro-batch, the gradients it receives and sends and
-one cell's weight gradient (`Workspace`).
+A cell's activations are measured, not guessed: `TraceCells` builds each cell in a
+throw-away graph (no memory is allocated, so a model too big for the machine can be
+estimated), takes `tf.gradients` of its outputs, and sums the bytes of the forward
+tensors that the gradient ops read: exactly what a tape keeps. Views (Reshape,
+Identity, ...) count as the tensor they view; the weights and the cell's inputs are
+not activations; temporaries inside one op or one cell's backward (a matmul's result
+before its ReLU) are not counted.
 """
 
 from __future__ import annotations
@@ -105,17 +101,6 @@ def _Placeholder(spec: Any) -> tf.Tensor:
     return tf.compat.v1.placeholder(spec.dtype, spec.shape)
 
 
-def _SavedBy(graph: tf.Graph, first_grad_op: int, forward: set) -> dict:
-    """{tensor: bytes} of forward tensors (views resolved) that the gradient ops read."""
-    saved = {}
-    for op in graph.get_operations()[first_grad_op:]:
-        for t in op.inputs:
-            src = _Source(t)
-            if src.op in forward and src.op.type not in _NOT_ACTIVATIONS:
-                saved[src.ref()] = _Bytes(src)
-    return saved
-
-
 def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
     graph = tf.Graph()
     with graph.as_default():
@@ -126,11 +111,14 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
         flat_out = [y for y in tf.nest.flatten(outputs) if y.dtype.is_floating]
         trainable = list(cell.trainable_variables)
         forward = set(graph.get_operations())
-        first = len(graph.get_operations())
         dys = [_Placeholder(y) for y in flat_out]
         if flat_out:
             tf.gradients(flat_out, flat_in + trainable, grad_ys=dys)
-        saved = _SavedBy(graph, first, forward)
+        read = [_Source(t) for op in graph.get_operations() if op not in forward for t in op.inputs]
+    saved = {}  # {tensor: bytes} of the forward tensors (views resolved) the gradient ops read
+    for src in read:
+        if src.op in forward and src.op.type not in _NOT_ACTIVATIONS:
+            saved[src.ref()] = _Bytes(src)
     inputs_ref = {x.ref() for x in tf.nest.flatten(inputs)}
     outputs_ref = {_Source(y).ref() for y in tf.nest.flatten(outputs)}
     return CellMemory(
@@ -151,47 +139,36 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
 _TRACES: dict[tuple[str, str], CellMemory] = {}
 
 
-def TraceCell(parent_p: hyperparams.Params, cell_p: Any, in_specs: tuple) -> CellMemory:
-    """The memory of `cell_p` on inputs `in_specs` (a tuple of tf.TensorSpecs or
-    NestedMaps of them, one micro-batch): built and differentiated in a graph that
-    is thrown away; identical cells on identical inputs are traced once."""
-    shapes = tf.nest.map_structure(lambda s: (s.shape.as_list(), s.dtype.name), in_specs)
-    # The cell as the parent builds it: what it inherits is in its own params.
-    p = base_layer.BaseLayer.CopyBaseParams(parent_p, cell_p.Copy())
-    key = (p.ToText(), repr(shapes))
-    if key not in _TRACES:
-        _TRACES[key] = _TraceInGraph(p, in_specs)
-    return _TRACES[key]
-
-
 def TraceCells(
     parent_p: hyperparams.Params, cell_params: Sequence[Any], in_specs: tuple
 ) -> list[CellMemory]:
-    """TraceCell of each cell in turn, each fed the previous one's outputs."""
+    """The memory of each cell in turn, each fed the previous one's outputs, from the
+    first one's inputs `in_specs` (a tuple of tf.TensorSpecs or NestedMaps of them, one
+    micro-batch). Identical cells on identical inputs are traced once."""
     out = []
-    for p in cell_params:
+    for cell_p in cell_params:
         try:
-            mem = TraceCell(parent_p, p, in_specs)
+            # The cell as the parent builds it: what it inherits is in its own params.
+            p = base_layer.BaseLayer.CopyBaseParams(parent_p, cell_p.Copy())
+            shapes = tf.nest.map_structure(lambda s: (s.shape.as_list(), s.dtype.name), in_specs)
+            key = (p.ToText(), repr(shapes))
+            if key not in _TRACES:
+                _TRACES[key] = _TraceInGraph(p, in_specs)
         except Exception as e:  # noqa: BLE001 (any failure of a user's layer, with its name)
             raise ValueError(
-                f"memory estimate: cannot trace {p.cls.__name__} ({p.name}) on inputs "
+                f"memory estimate: cannot trace {cell_p.cls.__name__} ({cell_p.name}) on inputs "
                 f"{in_specs}: {type(e).__name__}: {e}"
             ) from None
-        out.append(mem)
-        in_specs = mem.out_specs
+        out.append(_TRACES[key])
+        in_specs = _TRACES[key].out_specs
     return out
 
 
 def SlotBytes(optimizer: Any, shapes: Sequence[Sequence[int]], dtype_size: int = 4) -> int:
-    """Bytes of the optimizer's slots for trainable weights of these shapes.
-
-    Args:
-      optimizer: None (no optimizer: 0), a number of weight-sized slots per weight
-        (Adam 2), or the params (or instance) of a lingpipe.optimizers class, which
-        counts its slots (`SlotElements`).
-      shapes: the trainable weights' shapes.
-      dtype_size: bytes per element of the weights (and their slots).
-    """
+    """Bytes of the optimizer's slots for trainable weights of `shapes`, `dtype_size` bytes
+    per element. `optimizer`: None (no optimizer: 0), a number of weight-sized slots per
+    weight, or the params (or instance) of a lingpipe.optimizers class, which counts its
+    slots (`SlotElements`: Adam 2 copies, Momentum 1, SGD 0, ...)."""
     if optimizer is None:
         return 0
     if isinstance(optimizer, (int, float)) and not isinstance(optimizer, bool):
@@ -231,18 +208,15 @@ def Workspace(cells: Sequence[CellMemory]) -> int:
 def ActivationEvents(
     sim: Any, num_micro_batches: int, stage: int, kept: set, boundary: int, internal: int
 ) -> list[tuple[float, int]]:
-    """(time, +bytes or -bytes) of the activations stage `stage` holds in simulated time.
-
-    Args:
-      sim: the schedule's simulate.Simulation (start and end of each action).
-      kept: the (stage, micro-batch) pairs whose forward keeps its activations.
-      boundary, internal: StageActivations of one micro-batch.
+    """(time, +bytes or -bytes) of the activations stage `stage` holds in the simulated
+    time of `sim` (the schedule's simulate.Simulation).
 
     A micro-batch is alive from the start of its forward to the end of its backward
     (W when split; the forward's own end in a forward-only schedule) and holds
-    `boundary`, plus `internal` when it is kept; the backward of one that is not kept
-    replays its forward and holds `internal` while it runs (to the end of W: the
-    weights' gradient reads it).
+    `boundary`, plus `internal` (StageActivations of one micro-batch) when it is in
+    `kept`, the (stage, micro-batch) pairs whose forward keeps its activations. The
+    backward of one that is not kept replays its forward and holds `internal` while it
+    runs (to the end of W: the weights' gradient reads it).
     """
     events = []
     for m in range(num_micro_batches):
@@ -326,11 +300,10 @@ def Estimate(
             f"memory estimate: expected one list of cells per stage of the schedule "
             f"({sched.num_stages}), received {len(stage_cells)}"
         )
+    # Bare input shapes take the dtype that the first cell computes in.
     first = cell_params[0] if cell_params else parent_p
-    compute = tf.as_dtype(
-        getattr(first, "fprop_dtype", None) or parent_p.fprop_dtype or parent_p.dtype
-    )  # the dtype the first cell computes in, which bare input shapes take
-    whole = tuple(_Spec(x, "", compute) for x in input_specs)
+    compute = getattr(first, "fprop_dtype", None) or parent_p.fprop_dtype or parent_p.dtype
+    whole = tuple(_Spec(x, "", tf.as_dtype(compute)) for x in input_specs)
     specs = MicroBatchSpecs(whole, sched.num_micro_batches, batch_dim)
     cells = TraceCells(parent_p, cell_params, specs)
     sim = simulate.Simulate(sched)
@@ -372,8 +345,7 @@ def MeasuredPeaks(devices: Sequence[str]) -> dict[str, int]:
 
 
 def ResetPeaks(devices: Sequence[str]) -> None:
-    """Starts MeasuredPeaks(devices) afresh: resets the allocator's peak on each device
-    (on CPU, the one allocator of every logical device)."""
+    """Resets the peaks that MeasuredPeaks(devices) reads (on CPU, the one allocator's)."""
     for allocator in sorted(set(_Allocators(devices).values())):
         tf.config.experimental.reset_memory_stats(allocator)
 
