@@ -4,23 +4,17 @@ The executor creates every action's ops in a name scope `F_s{stage}_mb{m}`
 (`B_..`, `I_..`, `W_..`); the gradient tape names the gradient ops it creates
 `gradient_tape/<forward op's name>`, so `gradient_tape/.../F_s1_mb3/...` (or
 `.../B_s1_mb3/...` for a replayed forward) is part of the backward of stage 1 on
-micro-batch 3. A span is an action's first op start .. last op end; its track
-is its stage's device (stage s on device s mod K).
+micro-batch 3. One `Span` per action: its first op's start .. its last op's end.
 
     spans = timeline.Record(step_fn, logdir, pipeline)   # profiles a call of step_fn
     timeline.Write(logdir, spans, pipeline.Schedule())   # timeline.json, timeline.png
     print(timeline.Compare(spans, pipeline.Schedule()))  # measured vs simulated idle
 
-Zero bubble: the tape creates a stage's input and weight gradients together (in
-I's scope), and the executor holds the weight-only ops back to W's turn. In the
-trace they are told apart by time: the backward's ops up to the first op of
-another action on the same device are I's, the later ones W's.
-
 The profile is read from the `.xplane.pb` that `tf.profiler.experimental` writes
 under `logdir/plugins/profile/<run>/` (what TensorBoard's Profile tab shows), on
 the host plane, where each op is an event `name:type` inside the executor's
 `ExecutorState::Process` event, whose `id` stat is the step (one per call of the
-function). Times: microseconds from the first recorded action.
+function).
 """
 
 from __future__ import annotations
@@ -34,15 +28,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from lingpipe.pipeline import simulate
-from lingpipe.pipeline.schedule import (
-    BACKWARD,
-    BACKWARD_INPUT,
-    BACKWARD_WEIGHT,
-    FORWARD,
-    Action,
-    Schedule,
-)
+from lingpipe.pipeline import schedule, simulate
+from lingpipe.pipeline.schedule import Action, Schedule
 
 _ACTION = re.compile(r"(?:^|/)([FBIW])_s(\d+)_mb(\d+)(?:_\d+)?/")
 _HOST_PLANE = "/host:CPU"
@@ -120,9 +107,7 @@ def _HostOps(space: Any, backward_kind: str) -> list[_Op]:
     """The op events of actions on the host plane, each with the step id of its executor
     run; the gradient of a (replayed) forward is of kind `backward_kind`."""
     ops = []
-    for plane in space.planes:
-        if plane.name != _HOST_PLANE:
-            continue
+    for plane in (p for p in space.planes if p.name == _HOST_PLANE):
         id_stat = [k for k, v in plane.stat_metadata.items() if v.name == "id"]
         for line in plane.lines:
             runs: list[tuple[int, int, int | None]] = []  # enclosing executor runs
@@ -156,8 +141,10 @@ def _ActionKey(name: str, backward_kind: str) -> tuple[str, int, int] | None:
 
 
 def _SplitZeroBubble(ops: list[_Op], sched: Schedule) -> None:
-    """Zero bubble, for one step's ops (module doc): on each device, a backward's ops that
-    start after another action's first op become its weight gradient (W), in place."""
+    """Zero bubble, for one step's ops: the tape creates a stage's input and weight
+    gradients together (in I's scope), and the executor holds the weight-only ops back
+    to W's turn. So on each device, a backward's ops that start after another action's
+    first op are its weight gradient's: their key becomes W's, in place."""
     seen: set = set()
     started: dict[int, set] = collections.defaultdict(set)  # device -> I's (stage, m)
     interrupted: set = set()
@@ -167,10 +154,10 @@ def _SplitZeroBubble(ops: list[_Op], sched: Schedule) -> None:
         if op.key not in seen:
             seen.add(op.key)
             interrupted.update(started[device] - {(stage, m)})
-            if kind == BACKWARD_INPUT:
+            if kind == schedule.BACKWARD_INPUT:
                 started[device].add((stage, m))
-        if kind == BACKWARD_INPUT and (stage, m) in interrupted:
-            op.key = (BACKWARD_WEIGHT, stage, m)
+        if kind == schedule.BACKWARD_INPUT and (stage, m) in interrupted:
+            op.key = (schedule.BACKWARD_WEIGHT, stage, m)
 
 
 def _Steps(ops: list[_Op], sched: Schedule) -> list[list[_Op]]:
@@ -181,19 +168,16 @@ def _Steps(ops: list[_Op], sched: Schedule) -> list[list[_Op]]:
     the latest step that started at or before it; ops before the first step are
     dropped. Without a step that ran every forward, each executor id is a step.
     """
-    forwards = {tuple(a) for acts in sched.device_actions for a in acts if a.kind == FORWARD}
+    forwards = {a for acts in sched.device_actions for a in acts if a.kind == schedule.FORWARD}
     by_id: dict = collections.defaultdict(list)
     for op in ops:
         by_id[op.step_id].append(op)
     start = {sid: min(op.start for op in mine) for sid, mine in by_id.items()}
-    full = [
-        sid
-        for sid, mine in by_id.items()
-        if sid is not None and forwards <= {op.key for op in mine}
-    ]
+    order = sorted(by_id, key=start.get)
+    full = [sid for sid in order if sid is not None and forwards <= {op.key for op in by_id[sid]}]
     if not full:
-        return [by_id[sid] for sid in sorted(by_id, key=start.get)]  # nothing to join to
-    steps: dict = {sid: [] for sid in sorted(full, key=start.get)}
+        return [by_id[sid] for sid in order]  # nothing to join to
+    steps: dict = {sid: [] for sid in full}
     for op in ops:
         if op.step_id in steps:
             steps[op.step_id].append(op)
@@ -210,7 +194,7 @@ def Spans(space: Any, sched: Schedule) -> list[Span]:
     Steps are numbered 0, 1, ... in the order they started. Raises TimelineError
     if the profile holds no op of any action.
     """
-    backward_kind = BACKWARD_INPUT if sched.splits_backward else BACKWARD
+    backward_kind = schedule.BACKWARD_INPUT if sched.splits_backward else schedule.BACKWARD
     ops = [op for op in _HostOps(space, backward_kind) if op.key[1] < sched.num_stages]
     if not ops:
         raise TimelineError(
@@ -323,7 +307,7 @@ def Record(
     `PipeliningLayer.ForwardBackward`, say); it is called once first, unprofiled,
     so that tracing stays out of the record. `pipeline` is the PipeliningLayer (its
     `Schedule()` is used) or a Schedule. The profile stays in logdir for
-    TensorBoard's Profile tab; write the spans with `Write(logdir, spans, sched)`.
+    TensorBoard's Profile tab.
     """
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"timeline.Record: expected num_steps >= 1, received {num_steps!r}")
