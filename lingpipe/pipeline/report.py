@@ -1,9 +1,8 @@
 """PartitionReport: per stage, its device, cells, parameters, FLOPs and boundary bytes.
 
 When the stages live on more than one host (devices of other tasks, as under
-`--strategy=hosts`), the table gains a column with the bytes that cross from a
-stage to the next stage's host per step: every micro-batch's boundary activations
-forward and, of the same size, their gradients backward.
+`--strategy=hosts`), the table gains a column with the bytes per step that cross
+from a stage to the next stage's host (`CrossHostBytes`).
 
 With input shapes, each stage also gets its estimated memory in a training step
 (lingpipe.pipeline.memory), printed as a second table; `measured` peaks, when
@@ -68,17 +67,16 @@ class PartitionReport:
         empty without an estimate."""
         if self.memory_total is None:
             return {}
-        devices = dict.fromkeys(s.device for s in self.stages)
         return {
             d: memory_lib.DeviceMemory([s.memory for s in self.stages if s.device == d])
-            for d in devices
+            for d in dict.fromkeys(s.device for s in self.stages)
         }
 
     def CrossHostBytes(self) -> list[int | None]:
         """Per stage, the bytes per step that cross from it to the next stage's host:
-        M micro-batches' boundary activations forward plus their gradients backward
-        (0 when the next stage is on the same host or there is none; None when the
-        boundary sizes are unknown)."""
+        M micro-batches' boundary activations forward plus, of the same size, their
+        gradients backward (0 when the next stage is on the same host or there is none;
+        None when the boundary sizes are unknown)."""
         out: list[int | None] = []
         for s, after in zip(self.stages, self.stages[1:] + [None]):
             if after is None or HostOf(s.device) == HostOf(after.device):
