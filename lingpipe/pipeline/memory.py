@@ -111,9 +111,8 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
         flat_out = [y for y in tf.nest.flatten(outputs) if y.dtype.is_floating]
         trainable = list(cell.trainable_variables)
         forward = set(graph.get_operations())
-        dys = [_Placeholder(y) for y in flat_out]
         if flat_out:
-            tf.gradients(flat_out, flat_in + trainable, grad_ys=dys)
+            tf.gradients(flat_out, flat_in + trainable, grad_ys=[_Placeholder(y) for y in flat_out])
         read = [_Source(t) for op in graph.get_operations() if op not in forward for t in op.inputs]
     saved = {}  # {tensor: bytes} of the forward tensors (views resolved) the gradient ops read
     for src in read:

@@ -97,10 +97,8 @@ def ReadXSpace(path: str) -> Any:
     """The XSpace proto of a `.xplane.pb` file."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    space = xplane_pb2.XSpace()
     with tf.io.gfile.GFile(path, "rb") as f:
-        space.ParseFromString(f.read())
-    return space
+        return xplane_pb2.XSpace.FromString(f.read())
 
 
 def _HostOps(space: Any, backward_kind: str) -> list[_Op]:
@@ -236,9 +234,8 @@ def _UnionLength(intervals: list[tuple[float, float]]) -> float:
 def BusyShare(spans: list[Span], num_devices: int) -> list[float]:
     """Per device, the share of the recorded steps' time in which an op of its actions ran.
 
-    A step's time is its first action's start .. its last action's end (the
-    pipeline's makespan, as in the simulation). A device is busy while an op of
-    one of its actions runs: a span's waits (a recomputation that ran ahead and
+    A step's time is its first action's start .. its last action's end (the pipeline's
+    makespan, as in the simulation); a span's waits (a recomputation that ran ahead and
     waits for the gradient, say) are idle. Over several steps: summed busy time /
     summed step time, at most 1.
     """
