@@ -37,12 +37,14 @@ Supported:
   - Keras masks (Embedding(mask_zero=True)) crossing a cut;
   - batches of any size (a partial last batch, validation_split): split at run time
     into micro-batches differing by at most one row;
-  - schedules of one stage per device ('gpipe', '1f1b', 'zero_bubble', ...), remat;
+  - every schedule, remat: one stage per device ('gpipe', '1f1b', 'zero_bubble', ...),
+    two (the V-shaped 'zbv', 'dualpipev') or num_virtual_stages ('interleaved_1f1b',
+    'looped_bfs', 'interleaved_zero_bubble'), a Schedule value or a CSV file: the
+    graph is cut into as many stages as the schedule runs, each placed on its device;
   - a caller's own tf.GradientTape over model(x, training=True): fill-drain forwards
     whose gradient is the executor's backwards, each on its stage's device.
 
-Not supported: subclassed keras.Model (no graph to cut); schedules with several
-stages per device (interleaved_1f1b, zbv, dualpipev); a non-trainable state shared
+Not supported: subclassed keras.Model (no graph to cut); a non-trainable state shared
 by layers on two stages (threaded in program order); losses added with add_loss
 inside layers; mixed precision policies (untested).
 """
@@ -73,15 +75,20 @@ class Pipeline(model_base.PipelineModel):
     Args:
       model: a built Functional model or keras.Sequential; its variables move to the
         stages' devices and are this model's weights.
-      num_stages: pipeline stages, one device each.
+      num_stages: devices (K); the schedule runs one stage on each, or more (see
+        `schedule` and `num_virtual_stages`).
       num_micro_batches: micro-batches each batch is split into.
-      split_points: names of the layers where stages 1..K-1 begin ('outer/inner' for a
-        nested model's layer); None cuts by `partition`.
+      split_points: names of the layers where stages 1.. begin, one fewer than the
+        schedule's stages ('outer/inner' for a nested model's layer); None cuts by
+        `partition`.
       partition: 'flops', 'params', 'uniform', 'profile' (measured forward time per layer
         call, one example), or a list of layer calls per stage.
-      schedule: fit's order of work ('gpipe', '1f1b', 'zero_bubble', ...).
+      schedule: fit's order of work ('gpipe', '1f1b', 'zero_bubble', 'zbv', ...), a
+        Schedule value or the path of a CSV file (torch's format).
       remat: 'always', 'except_last' or 'never'.
-      devices: one device name per stage; None takes the cluster's first num_stages.
+      devices: one device name per device; None takes the cluster's first num_stages.
+      num_virtual_stages: stages per device for 'interleaved_1f1b', 'looped_bfs' and
+        'interleaved_zero_bubble' (stage s on device s mod K).
     """
 
     def __init__(
@@ -94,6 +101,7 @@ class Pipeline(model_base.PipelineModel):
         schedule: str = "gpipe",
         remat: str = "always",
         devices: Sequence[str] | None = None,
+        num_virtual_stages: int = 1,
         **kwargs: Any,
     ) -> None:
         model_base.EnsureDevices(num_stages, devices, "lingpipe.keras.Pipeline")
@@ -106,6 +114,7 @@ class Pipeline(model_base.PipelineModel):
             schedule=schedule,
             remat=remat,
             devices=None if devices is None else list(devices),
+            num_virtual_stages=num_virtual_stages,
         )
         object.__setattr__(self, "_model", model)  # tracked through _MakePipeline's layers
         self.BuildFor(_InputSpec(model))

@@ -295,12 +295,17 @@ class Cut:
         return MakeReport(self, devices, batch_size)
 
 
-def _SplitCounts(graph: Graph, split_points: Sequence[str], num_stages: int, where: str) -> list:
+def _SplitCounts(
+    graph: Graph, split_points: Sequence[str], num_stages: int, where: str, label: str | None
+) -> list:
     names = graph.LayerNames()
     if len(split_points) != num_stages - 1:
+        count = f"num_stages - 1 = {num_stages - 1} split point(s)"
+        if label:
+            count = f"{num_stages - 1} split point(s) ({label})"
         raise ValueError(
-            f"{where}: expected num_stages - 1 = {num_stages - 1} split point(s) (layer names "
-            f"where a stage begins), received {len(split_points)}: {list(split_points)}"
+            f"{where}: expected {count} (layer names where a stage begins), received "
+            f"{len(split_points)}: {list(split_points)}"
         )
     starts = []
     for point in split_points:
@@ -326,19 +331,26 @@ def MakeCut(
     partition: Any = "flops",
     split_points: Sequence[str] | None = None,
     where: str = "lingpipe.keras.Pipeline",
+    label: str | None = None,
 ) -> Cut:
-    """Cuts `graph` into `num_stages` stages (by `partition`, or at `split_points`)."""
+    """Cuts `graph` into `num_stages` stages (by `partition`, or at `split_points`).
+
+    `label` says where num_stages comes from in errors when it is not the user's
+    num_stages (a schedule of several stages per device), e.g. "num_stages=2 x 2 stages
+    per device of schedule 'zbv' = 4 stages".
+    """
     n = len(graph.nodes)
     if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
         raise ValueError(f"{where}: expected num_stages >= 1, received num_stages={num_stages!r}")
     if num_stages > n:
+        bound = f"at most {n} stages" if label else f"num_stages <= {n}"
         raise ValueError(
-            f"{where}: num_stages={num_stages} is more than the model's {n} layer call(s); "
-            f"expected num_stages <= {n}"
+            f"{where}: {label or f'num_stages={num_stages}'} is more than the model's {n} "
+            f"layer call(s); expected {bound}"
         )
     if split_points is not None:
         policy, costs = "split_points", NodeCosts(graph, "flops")
-        counts = _SplitCounts(graph, list(split_points), num_stages, where)
+        counts = _SplitCounts(graph, list(split_points), num_stages, where, label)
     elif isinstance(partition, str):
         if partition not in POLICIES:
             raise ValueError(

@@ -46,13 +46,16 @@ class GraphPipeline:
 
     Args:
       model: a built Functional model or keras.Sequential (its variables are moved).
-      num_stages: stages, one device each.
+      num_stages: devices (K); the schedule runs one stage on each, or two (zbv,
+        dualpipev: the V placement), or num_virtual_stages (interleaved, loop placement).
       num_micro_batches: micro-batches each batch is split into.
-      split_points: layer names where stages 1..K-1 begin, or None to cut by cost.
+      split_points: layer names where stages 1.. begin (one fewer than the schedule's
+        stages), or None to cut by cost.
       partition: 'flops', 'params', 'uniform', or node counts per stage.
-      schedule: ForwardBackward's order ('gpipe', '1f1b', ...).
+      schedule: ForwardBackward's order ('gpipe', '1f1b', 'zbv', ...; a Schedule or CSV path).
       remat: 'always', 'except_last' or 'never'.
-      devices: one per stage; None takes the cluster's first num_stages.
+      devices: one per device; None takes the cluster's first num_stages.
+      num_virtual_stages: stages per device of the loop-placed interleaved schedules.
     """
 
     def __init__(
@@ -66,23 +69,36 @@ class GraphPipeline:
         remat: str = "always",
         devices: Sequence[str] | None = None,
         where: str = "lingpipe.keras.Pipeline",
+        num_virtual_stages: int = 1,
     ) -> None:
         self._where = where
         asserts.Positive(num_micro_batches, "num_micro_batches", where=where)
         asserts.In(remat, remat_lib.POLICIES, "remat", where=where)
+        asserts.Positive(num_virtual_stages, "num_virtual_stages", where=where)
         self._num_micro_batches, self._schedule_name, self._remat = (
             num_micro_batches,
             schedule,
             remat,
         )
+        self._num_virtual_stages = num_virtual_stages
         self._functional = graph_lib._Functional(model, where)  # noqa: SLF001
         self._graph = graph_lib.Trace(model, where)
-        self._cut = graph_lib.MakeCut(self._graph, num_stages, partition, split_points, where)
         self._devices = cluster.PipelineDevices(devices, num_stages, where)
-        # Stage s on device s; the outputs are merged even from one micro-batch.
-        placement = tuple(range(num_stages))
-        self._driver = driver.Driver(self._devices, placement, remat, merge_one=True)
-        self.Schedule(num_micro_batches)  # refuses an unknown schedule now
+        # The schedule places the stages (an unknown one is refused here); the graph is
+        # cut into as many stages as it runs.
+        sched = self._Resolve(num_micro_batches)
+        self._placement = sched.stage_devices
+        num_chunks, label = sched.num_stages, None
+        if num_chunks != num_stages:
+            label = (
+                f"num_stages={num_stages} x {num_chunks // num_stages} stages per device of "
+                f"schedule {sched.name!r} = {num_chunks} stages"
+            )
+        self._cut = graph_lib.MakeCut(
+            self._graph, num_chunks, partition, split_points, where, label
+        )
+        # The outputs are merged even from one micro-batch.
+        self._driver = driver.Driver(self._devices, self._placement, remat, merge_one=True)
         self._MoveWeights()
         self._Index()
 
@@ -99,7 +115,7 @@ class GraphPipeline:
         moved: set = set()
         with tf.init_scope():
             for s, layers in enumerate(self.StageLayers()):
-                with tf.device(self._devices[s]):
+                with tf.device(self.StageDevice(s)):
                     for layer in layers:
                         if not isinstance(layer, keras.layers.Layer):
                             continue
@@ -143,6 +159,10 @@ class GraphPipeline:
     def cut(self) -> graph_lib.Cut:
         return self._cut
 
+    def StageDevice(self, stage: int) -> str:
+        """The device of `stage`, as the schedule places it."""
+        return self._devices[self._placement[stage]]
+
     def LayerStage(self, layer: Any) -> int:
         """The stage whose device holds `layer`'s weights."""
         return self._cut.LayerStages()[id(layer)]
@@ -150,23 +170,29 @@ class GraphPipeline:
     def PartitionReport(self, batch_size: int | None = None) -> graph_lib.GraphReport:
         """Per stage: device, layers, params, FLOPs, and the tensors (and bytes) crossing
         to the next stage, per example or for `batch_size`."""
-        return self._cut.Report(self._devices, batch_size)
+        stage_devices = [self.StageDevice(s) for s in range(len(self._placement))]
+        return self._cut.Report(stage_devices, batch_size)
 
-    def Schedule(self, num_micro_batches: int, name: str | None = None) -> schedule.Schedule:
-        """The schedule ForwardBackward follows (or `name`): a name, a Schedule value or
-        a CSV path (generators.Resolve), with stage s on device s."""
-        num_devices = len(self._devices)
+    def _Resolve(self, num_micro_batches: int) -> schedule.Schedule:
         try:
-            sched = generators.Resolve(name or self._schedule_name, num_devices, num_micro_batches)
+            return generators.Resolve(
+                self._schedule_name,
+                len(self._devices),
+                num_micro_batches,
+                self._num_virtual_stages,
+            )
         except schedule.ScheduleError as e:
             raise ValueError(f"{self._where}: {e}") from None
-        if sched.stage_devices != tuple(range(num_devices)):
+
+    def Schedule(self, num_micro_batches: int) -> schedule.Schedule:
+        """The schedule ForwardBackward follows for `num_micro_batches`: a name, a Schedule
+        value or a CSV path (generators.Resolve), placed as the graph was cut."""
+        sched = self._Resolve(num_micro_batches)
+        if sched.stage_devices != self._placement:
             raise ValueError(
-                f"{self._where}: schedule={sched.name!r} runs {sched.num_stages} "
-                f"stages on {num_devices} devices, expected a schedule of one stage per "
-                "device, stage s on device s ('gpipe', '1f1b', 'zero_bubble', ...): a Keras "
-                f"graph is cut into num_stages stages; its placement is "
-                f"{list(sched.stage_devices)}"
+                f"{self._where}: schedule {sched.name!r} for num_micro_batches="
+                f"{num_micro_batches} places its stages on devices {list(sched.stage_devices)}, "
+                f"expected {list(self._placement)} (the placement the model was cut for)"
             )
         return sched
 

@@ -342,13 +342,12 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
 
     def StagesTable(self) -> str:
         """One row per stage: its device, its Keras layers (by name) and their parameters."""
-        devices = self._pipeline.devices
         rows = [("stage", "device", "params", "layers")]
         for k, layers in enumerate(self.StageLayers()):
             weights = {id(w): w for layer in layers for w in layer.weights}
             params = sum(_Size(w) for w in weights.values())
             names = ", ".join(layer.name for layer in layers)
-            rows.append((str(k), devices[k % len(devices)], f"{params:,}", names))
+            rows.append((str(k), self._pipeline.StageDevice(k), f"{params:,}", names))
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
         return f"Pipeline stages of {self.name!r}:\n" + "\n".join(lines)

@@ -1,5 +1,5 @@
 """lingpipe.keras.Pipeline: dropout under recomputation, Keras masks across a cut, schedules
-it refuses, and its config (save and load in this process)."""
+of two stages per device, and its config (save and load in this process)."""
 
 import keras
 import numpy as np
@@ -68,23 +68,68 @@ def test_keras_mask_crosses_a_cut():
     np.testing.assert_allclose(pipe.predict(x, verbose=0), plain.predict(x, verbose=0), atol=1e-6)
 
 
-def test_schedule_of_two_stages_per_device_is_refused_in_one_line():
+def test_two_stages_per_device_cut_the_model_into_twice_as_many_stages():
+    pipe = lpk.Pipeline(
+        _DropoutNet(), num_stages=2, num_micro_batches=4, schedule="zbv", devices=DEVICES
+    )
+    assert len(pipe.pipeline.cut.stages) == 4
+    assert [pipe.pipeline.StageDevice(s) for s in range(4)] == [
+        DEVICES[0],
+        DEVICES[1],
+        DEVICES[1],
+        DEVICES[0],
+    ]
+
+
+def test_split_points_for_two_stages_per_device_count_the_stages_in_one_line():
     with pytest.raises(
-        ValueError, match=r"schedule='zbv' runs 4 stages on 2 devices, expected"
+        ValueError,
+        match=r"expected 3 split point\(s\) \(num_stages=2 x 2 stages per device of schedule "
+        r"'zbv' = 4 stages\)",
     ) as e:
         lpk.Pipeline(
-            _DropoutNet(), num_stages=2, num_micro_batches=4, schedule="zbv", devices=DEVICES
+            _DropoutNet(),
+            num_stages=2,
+            num_micro_batches=4,
+            split_points=["d2"],
+            schedule="zbv",
+            devices=DEVICES,
         )
     assert "\n" not in str(e.value)
+
+
+def test_more_stages_than_layer_calls_counts_the_schedule_s_stages():
+    x = keras.Input((6,))
+    model = keras.Model(x, keras.layers.Dense(1, name="out")(keras.layers.Dense(4)(x)))
+    with pytest.raises(
+        ValueError,
+        match=r"num_stages=2 x 2 stages per device of schedule 'interleaved_1f1b' = 4 stages "
+        r"is more than the model's 2 layer call\(s\)",
+    ):
+        lpk.Pipeline(
+            model,
+            num_stages=2,
+            num_micro_batches=2,
+            schedule="interleaved_1f1b",
+            num_virtual_stages=2,
+            devices=DEVICES,
+        )
 
 
 def test_config_round_trip_and_keras_file(tmp_path):
     model = _DropoutNet()
     pipe = lpk.Pipeline(
-        model, num_stages=2, num_micro_batches=2, split_points=["d2"], devices=DEVICES
+        model,
+        num_stages=2,
+        num_micro_batches=2,
+        split_points=["drop1", "d2", "drop2"],
+        schedule="interleaved_1f1b",
+        num_virtual_stages=2,
+        devices=DEVICES,
     )
     config = pipe.get_config()
-    assert config["split_points"] == ["d2"] and config["num_micro_batches"] == 2
+    assert config["split_points"] == ["drop1", "d2", "drop2"] and config["num_micro_batches"] == 2
+    assert config["num_virtual_stages"] == 2
     x, _ = _Data(8)
     want = pipe.predict(x, verbose=0)
     path = str(tmp_path / "pipe.keras")
@@ -92,6 +137,7 @@ def test_config_round_trip_and_keras_file(tmp_path):
     loaded = keras.models.load_model(path)
     assert isinstance(loaded, lpk.Pipeline)
     assert loaded.pipeline.devices == pipe.pipeline.devices
+    assert loaded.pipeline.cut.stages == pipe.pipeline.cut.stages
     np.testing.assert_allclose(loaded.predict(x, verbose=0), want, atol=1e-6)
 
 

@@ -59,8 +59,21 @@ def _Compile(model):
     )
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_two_inputs_skip_tied_embedding_two_losses_fit_equals_plain(schedule):
+# (schedule, num_virtual_stages, split points, the stages of embed and lm, their devices).
+CASES = [
+    ("gpipe", 1, ["ff2"], (0, 1), (1, 2)),
+    ("1f1b", 1, ["ff2"], (0, 1), (1, 2)),
+    # Two stages per device: the V placement puts stages 0 and 3 (the tied pair) on
+    # one device; the loop placement puts stage 3 on the second device.
+    ("zbv", 1, ["ff1", "ff2", "padding"], (0, 3), (1, 1)),
+    ("interleaved_1f1b", 2, ["ff1", "ff2", "padding"], (0, 3), (1, 2)),
+]
+
+
+@pytest.mark.parametrize("schedule,virtual,split_points,stages,devices", CASES)
+def test_two_inputs_skip_tied_embedding_two_losses_fit_equals_plain(
+    schedule, virtual, split_points, stages, devices
+):
     keras.utils.set_random_seed(5)
     model = _Model()
     plain = _Model()  # clone_model would need TiedOutput's config to name the embedding
@@ -69,16 +82,28 @@ def test_two_inputs_skip_tied_embedding_two_losses_fit_equals_plain(schedule):
         model,
         num_stages=2,
         num_micro_batches=4,
-        split_points=["ff2"],
+        split_points=split_points,
         schedule=schedule,
+        num_virtual_stages=virtual,
         devices=DEVICES,
     )
     embed, lm = model.get_layer("embed"), model.get_layer("lm")
-    # The tied matrix is used on both stages and lives on the first one's device.
-    assert pipe.pipeline.LayerStage(embed) == 0 and pipe.pipeline.LayerStage(lm) == 1
+    # The tied matrix is used on two stages and lives on the first one's device.
+    assert (pipe.pipeline.LayerStage(embed), pipe.pipeline.LayerStage(lm)) == stages
+    assert [pipe.pipeline.StageDevice(s)[-1] for s in stages] == [str(d) for d in devices]
     assert embed.embeddings.value.device.endswith("CPU:1")
-    crossing = [name for name, _, _ in pipe.pipeline.PartitionReport().stages[0].crossing]
+    for layer in model.layers:  # every weight on its stage's device, as the schedule places it
+        for w in layer.weights:
+            if layer is not lm:
+                want = pipe.pipeline.StageDevice(pipe.pipeline.LayerStage(layer))
+                assert w.value.device.endswith(want[-5:]), (layer.name, w.value.device, want)
+    report = pipe.pipeline.PartitionReport()
+    crossing = [name for name, _, _ in report.stages[0].crossing]
     assert "embed" in crossing and "input:mask" in crossing  # the skip and the second input
+    assert [s.device for s in report.stages] == [
+        pipe.pipeline.StageDevice(s) for s in range(len(report.stages))
+    ]
+    assert f"/device:CPU:{devices[1]}" in pipe.StagesTable().splitlines()[-1]
 
     x, y = _Data()
     want = plain.predict(x, verbose=0)

@@ -210,6 +210,26 @@ def test_summary_shows_each_stage_with_its_device_layers_and_params():
     assert table[3].split() == ["1", "/device:CPU:2", "15", "second"]  # 4 x 3 + 3
 
 
+def test_summary_shows_the_v_placement_of_a_v_shaped_schedule():
+    names = ["a", "b", "c", "d"]
+    model = lpk.PipelinedSequential(
+        [keras.layers.Dense(4, name=n) for n in names],
+        num_stages=2,
+        num_micro_batches=4,
+        schedule="zbv",
+        input_shape=(4,),
+        devices=DEVICES,
+    )
+    table = model.StagesTable().splitlines()[2:]
+    # Stages 0..3 on devices 0, 1, 1, 0: the first device holds both ends of the model.
+    assert [row.split()[:2] for row in table] == [
+        ["0", DEVICES[0]],
+        ["1", DEVICES[1]],
+        ["2", DEVICES[1]],
+        ["3", DEVICES[0]],
+    ]
+
+
 # Each script runs in a fresh process: devices and imports are the process' own.
 _SERVE = """
     import sys
