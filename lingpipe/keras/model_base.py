@@ -33,7 +33,9 @@ What this class gives:
 from __future__ import annotations
 
 import abc
+import dataclasses
 import itertools
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +45,24 @@ import tensorflow as tf
 
 from lingpipe import base_layer, cluster, seeds
 from lingpipe.nested_map import NestedMap
+from lingpipe.pipeline import schedule as schedule_lib
+
+
+def ScheduleConfig(spec: Any) -> Any:
+    """`schedule=` as a .keras file's JSON config holds it: a Schedule value as its CSV
+    text with its name and M (ScheduleFromConfig reads it back), a path as a string."""
+    if isinstance(spec, schedule_lib.Schedule):
+        csv = schedule_lib.ToCsv(spec)
+        return {"name": spec.name, "csv": csv, "num_micro_batches": spec.num_micro_batches}
+    return os.fspath(spec) if isinstance(spec, os.PathLike) else spec
+
+
+def ScheduleFromConfig(value: Any) -> Any:
+    """The `schedule=` that ScheduleConfig wrote."""
+    if not isinstance(value, dict):
+        return value
+    sched = schedule_lib.FromCsv(value["csv"], value["num_micro_batches"])
+    return dataclasses.replace(sched, name=value["name"])
 
 
 def EnsureDevices(num_stages: int, devices: Sequence[str] | None, where: str) -> None:

@@ -60,12 +60,16 @@ class PipelinedSequential(model_base.PipelineModel):
 
     Args:
       layers: Keras layers (or a keras.Sequential), run in order; one cell each.
-      num_stages: pipeline stages, one device each.
+      num_stages: devices (K); the schedule runs one stage on each, or more (see
+        `schedule` and `num_virtual_stages`).
       num_micro_batches: micro-batches each batch is split into.
       remat: 'always', 'except_last' or 'never' (see PipeliningLayer).
-      schedule: 'gpipe', '1f1b', 'interleaved_1f1b' or 'zero_bubble': fit's order of work.
-      devices: one device name per stage; None takes the cluster's first num_stages.
-      num_virtual_stages: chunks per device for schedule='interleaved_1f1b'.
+      schedule: fit's order of work: a name ('gpipe', '1f1b', 'zero_bubble', the V-shaped
+        'zbv' and 'dualpipev' with two stages per device, ...), a Schedule value or the
+        path of a CSV file (torch's format).
+      devices: one device name per device; None takes the cluster's first num_stages.
+      num_virtual_stages: stages per device for 'interleaved_1f1b', 'looped_bfs' and
+        'interleaved_zero_bubble' (stage s on device s mod K).
       partition: 'uniform', 'flops', 'params', or a list of layer counts per stage.
       input_shape: one example's shape, without the batch dim, e.g. (784,).
     """
@@ -143,6 +147,7 @@ class PipelinedSequential(model_base.PipelineModel):
 
     def get_config(self) -> dict:
         config = dict(super().get_config(), layers=list(self._configs), **self._knobs)
+        config["schedule"] = model_base.ScheduleConfig(config["schedule"])
         spec = self.input_spec_structure
         config["input_shape"] = None if spec is None else list(spec.shape[1:])
         return config
@@ -150,5 +155,7 @@ class PipelinedSequential(model_base.PipelineModel):
     @classmethod
     def from_config(cls, config: dict) -> PipelinedSequential:
         config = dict(config)
+        if "schedule" in config:
+            config["schedule"] = model_base.ScheduleFromConfig(config["schedule"])
         layers = [keras.layers.deserialize(c) for c in config.pop("layers")]
         return cls(layers, **config)

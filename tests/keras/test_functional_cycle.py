@@ -211,6 +211,31 @@ def test_schedule_given_as_a_value_or_a_csv_file(tmp_path):
     value = generators.Make("1f1b", 2, 4)
     path = tmp_path / "one_f_one_b.csv"
     path.write_text(schedule.ToCsv(value))
-    for given in (value, str(path)):
+    for given in (value, str(path), path):
         for a, b in zip(Fit(given), want):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["value", "path"])
+def test_a_pipeline_with_a_schedule_value_or_path_saves_and_loads(tmp_path, kind):
+    """A .keras file holds a Schedule value as its CSV text (with its name and M)."""
+    from lingpipe.pipeline import generators, schedule
+
+    value = generators.Make("zbv", 2, 4)
+    given = value
+    if kind == "path":
+        given = tmp_path / "zbv.csv"
+        given.write_text(schedule.ToCsv(value))
+    pipe = lpk.Pipeline(
+        _DropoutNet(), num_stages=2, num_micro_batches=4, schedule=given, devices=DEVICES
+    )
+    x, _ = _Data(8)
+    want = pipe.predict(x, verbose=0)
+    pipe.save(str(tmp_path / "pipe.keras"))
+    loaded = keras.models.load_model(str(tmp_path / "pipe.keras"))
+    sched = loaded.pipeline.Schedule(4)
+    assert sched.device_actions == value.device_actions
+    assert sched.stage_devices == value.stage_devices
+    if kind == "value":
+        assert sched.name == "zbv"
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), want, atol=1e-6)

@@ -210,6 +210,24 @@ def test_summary_shows_each_stage_with_its_device_layers_and_params():
     assert table[3].split() == ["1", "/device:CPU:2", "15", "second"]  # 4 x 3 + 3
 
 
+def test_a_schedule_value_is_saved_in_the_keras_file(tmp_path):
+    from lingpipe.pipeline import generators
+
+    value = generators.Make("zbv", 2, 4)
+    model = lpk.PipelinedSequential(
+        [keras.layers.Dense(4, name=n) for n in "abcd"],
+        num_stages=2,
+        num_micro_batches=4,
+        schedule=value,
+        input_shape=(4,),
+        devices=DEVICES,
+    )
+    model.save(str(tmp_path / "m.keras"))
+    loaded = keras.models.load_model(str(tmp_path / "m.keras"))
+    sched = loaded.pipeline.Schedule()
+    assert (sched.name, sched.device_actions) == ("zbv", value.device_actions)
+
+
 def test_summary_shows_the_v_placement_of_a_v_shaped_schedule():
     names = ["a", "b", "c", "d"]
     model = lpk.PipelinedSequential(
