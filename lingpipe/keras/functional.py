@@ -140,16 +140,13 @@ class Pipeline(model_base.PipelineModel):
         return self._model.compute_output_spec(inputs)
 
     def get_config(self) -> dict:
-        config = dict(super().get_config(), **self._knobs)
-        config["schedule"] = model_base.ScheduleConfig(config["schedule"])
+        config = super().get_config()
         config["model"] = keras.saving.serialize_keras_object(self._model)
         return config
 
     @classmethod
     def from_config(cls, config: dict, custom_objects: Any = None) -> Pipeline:
-        config = dict(config)
-        if "schedule" in config:
-            config["schedule"] = model_base.ScheduleFromConfig(config["schedule"])
+        config = cls._ArgsFromConfig(config)
         # Before the inner model is rebuilt: that starts TensorFlow, after which a fresh
         # process can no longer split its CPU into the stages' logical devices.
         model_base.EnsureDevices(

@@ -6,6 +6,7 @@ A subclass says how to build its pipeline; this class makes it a Keras model:
         def __init__(self, ..., num_stages, devices=None, **kwargs):
             model_base.EnsureDevices(num_stages, devices, "MyPipelined")  # before any TF work
             super().__init__(**kwargs)
+            self._knobs = dict(num_stages=num_stages, ...)  # get_config's arguments
             ...                                   # then self.BuildFor(spec) when it can
         def _MakePipeline(self, input_spec):      # -> (pipeline, Keras layers holding its weights)
         def StageLayers(self):                    # -> [[keras layer, ...] per stage]
@@ -48,17 +49,17 @@ from lingpipe.nested_map import NestedMap
 from lingpipe.pipeline import schedule as schedule_lib
 
 
-def ScheduleConfig(spec: Any) -> Any:
+def _ScheduleConfig(spec: Any) -> Any:
     """`schedule=` as a .keras file's JSON config holds it: a Schedule value as its CSV
-    text with its name and M (ScheduleFromConfig reads it back), a path as a string."""
+    text with its name and M (_ScheduleFromConfig reads it back), a path as a string."""
     if isinstance(spec, schedule_lib.Schedule):
         csv = schedule_lib.ToCsv(spec)
         return {"name": spec.name, "csv": csv, "num_micro_batches": spec.num_micro_batches}
     return os.fspath(spec) if isinstance(spec, os.PathLike) else spec
 
 
-def ScheduleFromConfig(value: Any) -> Any:
-    """The `schedule=` that ScheduleConfig wrote."""
+def _ScheduleFromConfig(value: Any) -> Any:
+    """The `schedule=` that _ScheduleConfig wrote."""
     if not isinstance(value, dict):
         return value
     sched = schedule_lib.FromCsv(value["csv"], value["num_micro_batches"])
@@ -146,6 +147,23 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
     def input_spec_structure(self) -> Any:
         """The inputs' spec (keras.InputSpec, batch None) the stages were built for."""
         return self._input_spec
+
+    # ---- Saving --------------------------------------------------------------------
+
+    def get_config(self) -> dict:
+        """keras.Model's config and the subclass's arguments (`self._knobs`), `schedule`
+        as JSON can hold it."""
+        config = dict(super().get_config(), **self._knobs)
+        config["schedule"] = _ScheduleConfig(config["schedule"])
+        return config
+
+    @staticmethod
+    def _ArgsFromConfig(config: dict) -> dict:
+        """get_config's `config` as the subclass's keyword arguments (a copy)."""
+        config = dict(config)
+        if "schedule" in config:
+            config["schedule"] = _ScheduleFromConfig(config["schedule"])
+        return config
 
     def BuildFor(self, input_spec: Any) -> None:
         """Builds the pipeline for `input_spec` (see _MakePipeline), then the optimizer."""

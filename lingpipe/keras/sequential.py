@@ -146,16 +146,13 @@ class PipelinedSequential(model_base.PipelineModel):
     # ---- Saving -----------------------------------------------------------------
 
     def get_config(self) -> dict:
-        config = dict(super().get_config(), layers=list(self._configs), **self._knobs)
-        config["schedule"] = model_base.ScheduleConfig(config["schedule"])
+        config = dict(super().get_config(), layers=list(self._configs))
         spec = self.input_spec_structure
         config["input_shape"] = None if spec is None else list(spec.shape[1:])
         return config
 
     @classmethod
     def from_config(cls, config: dict) -> PipelinedSequential:
-        config = dict(config)
-        if "schedule" in config:
-            config["schedule"] = model_base.ScheduleFromConfig(config["schedule"])
+        config = cls._ArgsFromConfig(config)
         layers = [keras.layers.deserialize(c) for c in config.pop("layers")]
         return cls(layers, **config)
