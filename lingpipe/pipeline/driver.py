@@ -36,13 +36,15 @@ class Driver:
     """Runs stages on `devices`, stage s on devices[stage_devices[s]] (the schedule's
     placement), splitting along `batch_dim`, keeping activations under `remat`
     (remat.Kept). `merge_one`: one micro-batch's outputs are merged too (an unbatched
-    leaf then gets a leading dimension of 1, as it gets M for M micro-batches)."""
+    leaf then gets a leading dimension of 1, as it gets M for M micro-batches).
+    `sparse_grads`: Run keeps embeddings' gradients as tf.IndexedSlices (executor.Run)."""
 
     devices: Sequence[str]
     stage_devices: tuple[int, ...]
     remat: str
     batch_dim: int = 0
     merge_one: bool = False
+    sparse_grads: bool = False
 
     @property
     def last_device(self) -> str:
@@ -152,5 +154,13 @@ class Driver:
             micro_loss = self._Split(loss_inputs, sizes, self.last_device, "split_loss")
         keep, context = remat.Kept(sched, self.remat), self._Contexts()
         return executor.Run(
-            sched, stages, micro_args, loss_fn, micro_loss, keep, context, loss_scale
+            sched,
+            stages,
+            micro_args,
+            loss_fn,
+            micro_loss,
+            keep,
+            context,
+            loss_scale,
+            self.sparse_grads,
         )

@@ -26,6 +26,11 @@ so each device follows its list; nothing else is ordered but the data.
   it on; the ops that only the weights' gradient needs are held back (a control
   input each) until W's turn on the device.
 
+A weight's gradient is summed over the micro-batches in float32
+(lingpipe.pipeline.gradient_sums). An embedding's gradient (tf.IndexedSlices) is made
+dense for the sum, or, with `sparse` (Keras' optimizers), kept as the plain model's
+slices.
+
 An exception raised while an action is built or run is raised again (same type
 where it can be) naming the action, its device and that device's list with the
 action marked.
@@ -54,7 +59,7 @@ from typing import Any
 import tensorflow as tf
 
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import precision, simulate
+from lingpipe.pipeline import gradient_sums, precision, simulate
 from lingpipe.pipeline.schedule import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Schedule
 from lingpipe.pipeline.stage_context import Entered, StageContext
 
@@ -90,20 +95,6 @@ def _IsFloat(x: Any) -> bool:
     return isinstance(x, (tf.Tensor, tf.Variable)) and x.dtype.is_floating
 
 
-def _Summand(g: Any) -> Any:
-    """A gradient as a term of a sum: dense, and in float32 when narrow."""
-    dense = tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-    return precision.ForAccumulation(dense)
-
-
-def _Add(a: Any, b: Any) -> Any:
-    """a + b, where None is nothing; the first term is copied, so that every
-    accumulation is an op of the action that makes it."""
-    if a is None:
-        return None if b is None else tf.identity(b)
-    return a if b is None else a + b
-
-
 def CheckMetrics(metrics: Any, where: str = "loss_fn") -> NestedMap:
     """`metrics` as a NestedMap of (value, weight) scalar pairs with `loss`, else ValueError."""
     if not isinstance(metrics, dict) or "loss" not in metrics:
@@ -127,10 +118,19 @@ class _Step:
     """The state of one traced step: what each action left for the next ones."""
 
     def __init__(
-        self, sched, stages, micro_inputs, loss_fn, loss_inputs, keep, context, loss_scale=None
+        self,
+        sched,
+        stages,
+        micro_inputs,
+        loss_fn,
+        loss_inputs,
+        keep,
+        context,
+        loss_scale=None,
+        sparse=False,
     ):
         self.sched, self.stages, self.keep, self.context = sched, stages, keep, context
-        self.loss_scale = loss_scale
+        self.loss_scale, self.sparse = loss_scale, sparse
         self.micro_inputs, self.loss_fn, self.loss_inputs = micro_inputs, loss_fn, loss_inputs
         self.outputs: dict = {}  # (s, m) -> forward outputs
         self.kept: dict = {}  # (s, m) -> (tape, outputs, objective) of a kept forward
@@ -235,8 +235,12 @@ class _Step:
         )
         taken = iter(grads)  # in the order of `sources`; None where a leaf is not floating point
         input_grads = [next(taken) if _IsFloat(x) else None for x in flat_in]
-        weight_grads = [_Summand(next(taken)) if _IsFloat(w) else None for w in stage.weights]
-        extra_grads = {v.ref(): _Summand(next(taken)) for v in extras}
+        sparse = self.sparse
+        weight_grads = [
+            gradient_sums.Summand(next(taken), sparse, flat_in) if _IsFloat(w) else None
+            for w in stage.weights
+        ]
+        extra_grads = {v.ref(): gradient_sums.Summand(next(taken), sparse, flat_in) for v in extras}
         return input_grads, weight_grads, extra_grads
 
     def DoBackward(self, s: int, m: int) -> list:
@@ -252,7 +256,8 @@ class _Step:
         held = []
         if graph is not None:
             created = graph.get_operations()[first:]
-            held = _WeightOnlyOps(created, input_grads, weight_grads + list(extra_grads.values()))
+            weight_only = gradient_sums.Tensors(weight_grads + list(extra_grads.values()))
+            held = _WeightOnlyOps(created, input_grads, weight_only)
         self.input_grads[(s, m)] = ctx.annotate(input_grads)
         self.pending[(s, m)] = (ctx.annotate(weight_grads), extra_grads, held)
         return [g for g in self.input_grads[(s, m)] if g is not None]
@@ -262,10 +267,10 @@ class _Step:
         for op in held:
             for gate in after:  # the device's previous action's op (Act)
                 op._add_control_input(gate)  # noqa: SLF001 (W waits for its turn)
-        self.sums[s] = [_Add(a, g) for a, g in zip(self.sums[s], weight_grads)]
+        self.sums[s] = [gradient_sums.Add(a, g) for a, g in zip(self.sums[s], weight_grads)]
         for ref, g in extra_grads.items():
-            self.extra[ref] = _Add(self.extra.get(ref), g)
-        return [g for g in self.sums[s] + list(self.extra.values()) if g is not None]
+            self.extra[ref] = gradient_sums.Add(self.extra.get(ref), g)
+        return gradient_sums.Tensors(self.sums[s] + list(self.extra.values()))
 
 
 def _Ancestors(tensors: list, within: set) -> set:
@@ -296,6 +301,7 @@ def Run(
     keep: Collection[tuple[int, int]],
     context: Callable[[int, int], StageContext],
     loss_scale: tf.Tensor | None = None,
+    sparse: bool = False,
 ) -> Result:
     """Runs `sched` (see the module docstring).
 
@@ -308,8 +314,12 @@ def Run(
       keep: the (stage, micro-batch) pairs whose activations are kept (remat.Kept).
       context: the StageContext of stage s on micro-batch m.
       loss_scale: a float scalar, float16's loss scale (None: 1).
+      sparse: an embedding's gradient (tf.IndexedSlices) stays slices, concatenated
+        over the micro-batches (as Keras' optimizers want it); else it is made dense.
     """
-    step = _Step(sched, stages, micro_inputs, loss_fn, micro_loss_inputs, keep, context, loss_scale)
+    step = _Step(
+        sched, stages, micro_inputs, loss_fn, micro_loss_inputs, keep, context, loss_scale, sparse
+    )
     step.Act(simulate.Simulate(sched).order)
     return _Finish(step)
 
@@ -379,9 +389,9 @@ def _Finish(step: _Step) -> Result:
 
     def Scaled(g: Any, device: str) -> Any:
         if g is None or scale is None:
-            return g
+            return gradient_sums.Finished(g)
         with tf.device(device):
-            return precision.Scale(g, scale)
+            return gradient_sums.Scaled(g, scale)
 
     weight_grads = []
     for s, sums in enumerate(step.sums):
