@@ -44,9 +44,17 @@ Supported:
   - a caller's own tf.GradientTape over model(x, training=True): fill-drain forwards
     whose gradient is the executor's backwards, each on its stage's device.
 
+  - the losses layers add (add_loss, activity regularizers), on any stage: they travel
+    with the activations to the last stage and join the micro-batch's loss;
+  - Keras masks on outputs (a masked loss weighted by its valid entries, as Keras does);
+  - mixed precision (mixed_float16 with the LossScaleOptimizer's scaling, mixed_bfloat16);
+  - embeddings' gradients reach the optimizer as tf.IndexedSlices, as the plain model's.
+  tests/keras/conformance.py is the table of Keras features checked against the plain
+  model, and of what is refused.
+
 Not supported: subclassed keras.Model (no graph to cut); a non-trainable state shared
-by layers on two stages (threaded in program order); losses added with add_loss
-inside layers; mixed precision policies (untested).
+by layers on two stages (threaded in program order); a masked output beside other
+outputs or layers' losses (refused in one line); compile(jit_compile=True) (refused).
 """
 
 from __future__ import annotations

@@ -194,9 +194,11 @@ def NodeParams(node: GraphNode) -> int:
 
 def NodeFlops(node: GraphNode) -> int:
     """Per example: 2 x rows x weights + output elements (rows: output elements / last
-    dim; exact for Dense and convolutions), as KerasCell.FPropMeta estimates."""
+    dim; exact for Dense and convolutions), as KerasCell.FPropMeta estimates. An
+    Embedding is a lookup, not a matmul: it reads one row per output row, so it costs
+    its output elements."""
     flops = 0
-    weights = NodeParams(node)
+    weights = 0 if isinstance(node.operation, keras.layers.Embedding) else NodeParams(node)
     for shape in node.out_shapes:
         dims = [1 if d is None else int(d) for d in shape[1:]] or [1]
         elements = int(np.prod(dims, dtype=np.int64))
@@ -438,7 +440,9 @@ class GraphReport:
 
 
 def _Shape(shape: tuple) -> str:
-    return "[" + ", ".join("batch" if d is None else str(d) for d in shape) + "]"
+    """'[batch, None, 64]': the batch dim, then the other dims (None where unknown)."""
+    dims = ["batch"] + [str(d) for d in shape[1:]]
+    return "[" + ", ".join(dims) + "]"
 
 
 def _TensorName(graph: Graph, key: Any) -> str:

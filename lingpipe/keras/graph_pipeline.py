@@ -28,12 +28,14 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from keras.src.backend.common import masking
+from keras.src.layers import input_spec
 from keras.src.models import functional as keras_functional
 
 from lingpipe import asserts, base_layer, cluster, seeds
 from lingpipe.keras import graph as graph_lib
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import driver, executor, generators, micro_batch, schedule
+from lingpipe.pipeline import driver, executor, generators, gradient_sums, micro_batch, schedule
 from lingpipe.pipeline import remat as remat_lib
 
 
@@ -98,7 +100,10 @@ class GraphPipeline:
             self._graph, num_chunks, partition, split_points, where, label
         )
         # The outputs are merged even from one micro-batch.
-        self._driver = driver.Driver(self._devices, self._placement, remat, merge_one=True)
+        # Embeddings' gradients reach Keras' optimizer as slices, as the plain model's do.
+        self._driver = driver.Driver(
+            self._devices, self._placement, remat, merge_one=True, sparse_grads=True
+        )
         self._MoveWeights()
         self._Index()
 
@@ -142,7 +147,10 @@ class GraphPipeline:
                 for j, v in enumerate(states):
                     found.setdefault(id(v), (x.name, j, v))
             self._seeds.append(list(found.values()))
-        self._theta = _Unique([w.value for ws in self._trainable for w in ws])
+        # Each weight's tf.Variable, read once here: under mixed precision Keras' autocast
+        # makes `.value` a cast copy while the model is called.
+        self._variables = [[w.value for w in ws] for ws in self._trainable]
+        self._theta = _Unique([v for vs in self._variables for v in vs])
 
     # ---- Introspection ----------------------------------------------------------
 
@@ -207,7 +215,8 @@ class GraphPipeline:
         trainable, state_vars, seed_vars = self._trainable[s], self._state[s], self._seeds[s]
 
         def Run(weights: list, live: Any) -> tuple:
-            values = dict(zip(cut.live[s], tf.nest.flatten(live)))
+            live, extras = (live, {}) if s == 0 else live
+            values = dict(zip(cut.live[s], live))
             mapping = list(zip(trainable, weights))
             for name, j, v in seed_vars:
                 # Named by the layer, not by Keras' counters: the same model, the same seeds.
@@ -216,17 +225,49 @@ class GraphPipeline:
             record = states is not None and not base_layer.IsRecomputing()
             if record:
                 mapping += [(v, states[id(v)]) for v in state_vars if id(v) in states]
-            with keras.StatelessScope(mapping, initialize_variables=False) as scope:
+            added = []
+            with keras.StatelessScope(
+                mapping, initialize_variables=False, collect_losses=True
+            ) as scope:
                 for i in cut.stages[s]:
                     graph_lib.CallNode(graph.nodes[i], values, training)
+                    # Taken after each call: a layer called again clears its earlier losses.
+                    added += scope.losses
+                    scope.losses[:] = []
             if record:
                 for v in state_vars:
                     new = scope.get_current_value(v)
                     if new is not None:
                         states[id(v)] = new
-            return tuple(values[k] for k in cut.live[s + 1])
+            outputs = tuple(values[k] for k in cut.live[s + 1])
+            return outputs, self._Extras(s, extras, added, live, outputs)
 
         return Run
+
+    def _Extras(self, s: int, extras: dict, added: list, live: tuple, outputs: tuple) -> dict:
+        """What travels beside stage s's outputs (see _PackOutputs):
+        - 'layer_loss': [rows], every entry the micro-batch's losses that layers added
+          (add_loss, activity regularizers) on the stages so far, summed; merged over
+          micro-batches its mean is the rows-weighted mean, as the plain model's
+          batch-normalized losses give on the whole batch;
+        - 'masks' on the last stage: {output position: the Keras mask of that output}."""
+        extras = dict(extras)
+        if added:
+            total = tf.add_n([tf.reduce_sum(tf.cast(x, tf.float32)) for x in added])
+            carried = extras.get("layer_loss")
+            if carried is None:
+                carried = tf.zeros(tf.shape(tf.nest.flatten(live)[0])[:1], tf.float32)
+            extras["layer_loss"] = carried + total
+        if s == len(self._cut.stages) - 1:
+            masks = {}
+            for k in self._graph.output_keys:
+                i = self._cut.live[-1].index(k)
+                mask = masking.get_keras_mask(outputs[i])
+                if mask is not None:
+                    masks[str(i)] = mask
+            if masks:
+                extras["masks"] = masks
+        return extras
 
     def _Stages(self, theta: list, training: bool, states: dict | None) -> list[executor.Stage]:
         return [
@@ -235,15 +276,34 @@ class GraphPipeline:
         ]
 
     def _FlatInputs(self, inputs: Any) -> tuple:
-        """The model's inputs, flat in model.inputs order and cast to their dtypes."""
-        return tuple(self._functional._standardize_inputs(inputs))  # noqa: SLF001
+        """The model's inputs, flat in model.inputs order and cast to their dtypes; inputs
+        that do not fit the model get Keras' own message (a missing key of a dict, ...)."""
+        functional = self._functional
+        input_spec.assert_input_compatibility(functional.input_spec, inputs, functional.name)
+        return tuple(functional._standardize_inputs(inputs))  # noqa: SLF001
 
-    def _PackOutputs(self, flat: Sequence[Any]) -> Any:
+    def _PackOutputs(self, last: tuple) -> tuple[Any, Any]:
+        """The last stage's (outputs, extras), merged or not -> (the model's outputs, each
+        with its Keras mask, the layers' losses of the batch or None)."""
+        flat, extras = last
+        masks = extras.get("masks", {})
+        picked = []
+        for k in self._graph.output_keys:
+            i = self._cut.live[-1].index(k)
+            if str(i) in masks:
+                flat_i = tf.identity(flat[i])
+                masking.set_keras_mask(flat_i, masks[str(i)])
+                picked.append(flat_i)
+            else:
+                picked.append(flat[i])
         out = keras.tree.pack_sequence_as(
             self._functional._outputs_struct,  # noqa: SLF001
-            [flat[self._cut.live[-1].index(k)] for k in self._graph.output_keys],
+            picked,
         )
-        return keras_functional.unpack_singleton(out)
+        layer_loss = extras.get("layer_loss")
+        if layer_loss is not None:
+            layer_loss = tf.reduce_mean(layer_loss)
+        return keras_functional.unpack_singleton(out), layer_loss
 
     def _Sizes(self, flat: tuple) -> list:
         batch = micro_batch.BatchSize(flat, 0, self._where)
@@ -257,12 +317,18 @@ class GraphPipeline:
     # ---- The two ways to run ----------------------------------------------------
 
     def FProp(self, theta: list, inputs: Any) -> Any:
-        """The pipelined forward (training unless in base_layer.EvalMode).
+        """The model's outputs of FPropWithLosses (the layers' losses left out)."""
+        return self.FPropWithLosses(theta, inputs)[0]
+
+    def FPropWithLosses(self, theta: list, inputs: Any) -> tuple[Any, Any]:
+        """The pipelined forward (training unless in base_layer.EvalMode) -> (outputs, the
+        losses layers added (add_loss, activity regularizers) on the batch, or None).
 
         inputs: nested as the model's inputs, each [batch, ...] -> the model's outputs.
         In training the forwards run fill-drain as one custom gradient whose gradient
         runs the executor's backwards (each on its stage's device, replaying forwards
-        as `remat` says), so a caller's own tf.GradientTape trains the pipeline.
+        as `remat` says), so a caller's own tf.GradientTape trains the pipeline, the
+        layers' losses included.
         """
         flat = self._FlatInputs(inputs)
         sizes = self._Sizes(flat)
@@ -283,20 +349,20 @@ class GraphPipeline:
     def _SumGradients(self, weight_grads: list[list]) -> list:
         """Aligned with .theta: each weight's gradient summed over the stages using it."""
         sums: dict = {}
-        for ws, grads in zip(self._trainable, weight_grads):
-            for w, g in zip(ws, grads):
+        for vs, grads in zip(self._variables, weight_grads):
+            for v, g in zip(vs, grads):
                 if g is not None:
-                    ref = w.value.ref()
+                    ref = v.ref()
                     if ref in sums:  # a tied weight: summed where it lives
-                        with tf.device(w.value.device):
-                            g = sums[ref] + g
+                        with tf.device(v.device):
+                            g = gradient_sums.Add(sums[ref], g)
                     sums[ref] = g
         return [sums.get(v.ref()) for v in self._theta]
 
     def _StageWeights(self, theta: list) -> list[list]:
         """Stage s's values of its trainable weights, from theta (aligned with .theta)."""
         by_ref = {v.ref(): t for v, t in zip(self._theta, tf.nest.flatten(theta))}
-        return [[by_ref[w.value.ref()] for w in ws] for ws in self._trainable]
+        return [[by_ref[v.ref()] for v in vs] for vs in self._variables]
 
     def KeptActivations(self, sched: schedule.Schedule) -> set:
         """(stage, micro-batch) pairs whose activations are kept under remat."""
@@ -308,15 +374,19 @@ class GraphPipeline:
         inputs: Any,
         loss_fn: Callable[[Any, Any], NestedMap],
         loss_inputs: Any = None,
+        loss_scale: tf.Tensor | None = None,
     ) -> NestedMap:
         """One training step in the schedule's order (lingpipe.pipeline.executor).
 
         Args:
           theta: like .theta.
           inputs: nested as the model's inputs, each [batch, ...].
-          loss_fn: (the model's outputs, loss inputs) of a micro-batch -> NestedMap of
-            (value, weight) metrics with 'loss', run on the last stage.
+          loss_fn: (the model's outputs, the losses its layers added or None, loss
+            inputs) of a micro-batch -> NestedMap of (value, weight) metrics with
+            'loss', run on the last stage.
           loss_inputs: split into micro-batches beside the inputs (None: loss_fn gets None).
+          loss_scale: float16's loss scale, or None: the backward starts from the scaled
+            losses; the gradients returned are unscaled.
 
         Returns:
           NestedMap(metrics, theta_grads: aligned with theta, each weight's gradient
@@ -331,8 +401,9 @@ class GraphPipeline:
             self._Stages(theta, True, states),
             flat,
             sizes,
-            lambda outputs, li: loss_fn(self._PackOutputs(outputs), li),
+            lambda last, li: loss_fn(*self._PackOutputs(last), li),
             loss_inputs,
+            loss_scale,
         )
         self._ApplyStates(states)
         return NestedMap(

@@ -23,9 +23,14 @@ What this class gives:
   - `compile` builds the optimizer eagerly, each slot beside its weight.
   - `call`, `evaluate`, `predict`: the pipelined forward (batch of any size).
   - `fit`: each batch through ForwardBackward: the compiled loss (nested outputs,
-    per-output losses, loss weights, sample weights) per micro-batch on the last
-    stage, weighted by the micro-batch's size, so the step's loss and gradients
-    are those of the whole batch; metrics on the merged predictions.
+    per-output losses, loss weights, sample weights) plus the losses layers added,
+    per micro-batch on the last stage, weighted by the micro-batch's rows (by its
+    valid entries for a masked output), so the step's loss and gradients are those
+    of the whole batch; under mixed_float16 the backward starts from the loss scaled
+    as the LossScaleOptimizer scales it; metrics on the merged predictions (masks too).
+  - a last batch smaller than num_micro_batches: one line before fit, evaluate or
+    predict starts, when the data are arrays.
+  - `compile(jit_compile=True)` is refused (XLA cannot span the stages' devices).
   - `export`, `tf.saved_model.save`: a serving function of the inputs' spec.
   - `summary()` adds a table of the stages: device, layers, parameters.
   - a `fit` (or evaluate, predict) that raised leaves no half-traced function behind.
@@ -35,17 +40,23 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import inspect
 import itertools
+import math
 import os
 import re
 from collections.abc import Sequence
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
+from keras import tree
+from keras.src.backend.common import masking  # Keras masks are not in its public API
 
 from lingpipe import base_layer, cluster, seeds
 from lingpipe.nested_map import NestedMap
+from lingpipe.pipeline import gradient_sums
 from lingpipe.pipeline import schedule as schedule_lib
 
 
@@ -120,9 +131,10 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        # tf.Modules and specs: kept out of Keras' tracking (the layers are tracked).
+        # tf.Modules and specs: kept out of Keras' tracking (the layers are tracked). Not
+        # `_input_spec`: that is Keras' Layer.input_spec, which checks every call's dtype.
         object.__setattr__(self, "_pipeline", None)
-        object.__setattr__(self, "_input_spec", None)
+        object.__setattr__(self, "_stage_spec", None)
 
     # ---- What a subclass provides --------------------------------------------------
 
@@ -146,7 +158,7 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
     @property
     def input_spec_structure(self) -> Any:
         """The inputs' spec (keras.InputSpec, batch None) the stages were built for."""
-        return self._input_spec
+        return self._stage_spec
 
     # ---- Saving --------------------------------------------------------------------
 
@@ -169,7 +181,7 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         """Builds the pipeline for `input_spec` (see _MakePipeline), then the optimizer."""
         pipeline, layers = self._MakePipeline(input_spec)
         object.__setattr__(self, "_pipeline", pipeline)
-        object.__setattr__(self, "_input_spec", input_spec)
+        object.__setattr__(self, "_stage_spec", input_spec)
         # Tracked by Keras: their weights (the pipeline's variables) are the model's.
         self.pipeline_layers = list(layers)
         # What Keras' export and SavedModel read for a subclassed model's signature.
@@ -178,7 +190,7 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         self._BuildOptimizer()
 
     def _InputShapes(self) -> Any:
-        return keras.tree.map_structure(lambda s: tuple(s.shape), self._input_spec)
+        return keras.tree.map_structure(lambda s: tuple(s.shape), self._stage_spec)
 
     def build(self, input_shape: Any) -> None:
         """Builds the stages for inputs of `input_shape` ([batch, ...], nested as the
@@ -200,9 +212,16 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
             f"keras.Sequential with keras.Input, or call the model on a batch first"
         )
 
-    def compile(self, *args: Any, **kwargs: Any) -> None:
-        """keras.Model.compile; then, once the model is built, the optimizer's slots."""
-        super().compile(*args, **kwargs)
+    def compile(self, *args: Any, jit_compile: Any = "auto", **kwargs: Any) -> None:
+        """keras.Model.compile, never XLA over the whole step (it cannot span the stages'
+        devices); then, once the model is built, the optimizer's slots."""
+        if jit_compile is True:
+            raise ValueError(
+                f"{type(self).__name__} {self.name!r}: compile(jit_compile=True) compiles "
+                "the whole training step with XLA, which cannot span the stages' devices; "
+                "pass jit_compile=False (or leave it out)"
+            )
+        super().compile(*args, jit_compile=False, **kwargs)
         self._BuildOptimizer()
 
     def compile_from_config(self, config: dict) -> None:
@@ -237,11 +256,18 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
     # ---- Running -------------------------------------------------------------------
 
     def call(self, inputs: Any, training: bool | None = None) -> Any:
-        """inputs: [batch, ...] (nested as the model's) -> outputs [batch, ...]."""
+        """inputs: [batch, ...] (nested as the model's) -> outputs [batch, ...]. The losses
+        the layers add (add_loss, activity regularizers) are this model's `losses`."""
         if self._pipeline is None:
             self._RaiseUnbuilt(inputs)
+        pipeline = self._pipeline
         with base_layer.EvalMode(not training):
-            return self._pipeline.FProp(self._pipeline.theta, inputs)
+            if not hasattr(pipeline, "FPropWithLosses"):
+                return pipeline.FProp(pipeline.theta, inputs)
+            outputs, layer_loss = pipeline.FPropWithLosses(pipeline.theta, inputs)
+        if layer_loss is not None:
+            self.add_loss(layer_loss)
+        return outputs
 
     def _Gradients(self, out: NestedMap) -> list:
         """The gradient of each of self.trainable_weights from ForwardBackward's result."""
@@ -249,8 +275,15 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         pipeline = self._pipeline
         for v, g in zip(tf.nest.flatten(pipeline.theta), tf.nest.flatten(out.theta_grads)):
             if g is not None:
-                grads[v.ref()] = g if v.ref() not in grads else grads[v.ref()] + g
+                grads[v.ref()] = gradient_sums.Add(grads.get(v.ref()), g)
         return [grads.get(w.value.ref()) for w in self.trainable_weights]
+
+    def _LossScale(self) -> Any:
+        """The compiled optimizer's loss scale (mixed_float16's LossScaleOptimizer), or None."""
+        optimizer = self.optimizer
+        if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            return None
+        return tf.convert_to_tensor(optimizer.scale_loss(tf.constant(1.0)))
 
     def _MicroBatchLoss(self, y: Any, y_pred: Any, sample_weight: Any) -> tf.Tensor:
         """The compiled loss of one micro-batch, its per-output loss metrics left alone
@@ -265,36 +298,76 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         finally:
             compile_loss._metrics = kept  # noqa: SLF001
 
+    def _LossFn(self, predictions: list) -> Any:
+        """loss_fn(y_pred, layer_loss, micro) of the pipeline's ForwardBackward: the
+        micro-batch's compiled loss plus its layers' losses, weighted as Keras reduces the
+        batch: by rows, or by the valid entries of a masked output. Appends each
+        micro-batch's (flat y_pred, flat masks, rows) to `predictions`."""
+
+        def LossFn(y_pred: Any, layer_loss: Any, micro: NestedMap) -> NestedMap:
+            loss = self._MicroBatchLoss(micro.y, y_pred, micro.get("sample_weight"))
+            flat = tf.nest.flatten(y_pred)
+            masks = [masking.get_keras_mask(t) for t in flat]
+            if not base_layer.IsRecomputing():
+                predictions.append((y_pred, masks, micro.row))
+            weight = tf.cast(tf.shape(micro.row)[0], loss.dtype)
+            masked = [m for m in masks if m is not None]
+            if masked:
+                # Keras divides a masked loss by its valid entries, not by its rows.
+                self._CheckMaskedLoss(len(flat), layer_loss)
+                weight = tf.reduce_sum(tf.cast(masked[0], loss.dtype))
+            if layer_loss is not None:
+                loss += tf.cast(layer_loss, loss.dtype)
+            return NestedMap(loss=(loss, weight))
+
+        return LossFn
+
+    def _CheckMaskedLoss(self, num_outputs: int, layer_loss: Any) -> None:
+        """A masked output's loss is weighted by its valid entries; with other outputs or
+        with layers' losses (weighted by rows) one step cannot weigh both exactly."""
+        other = "several outputs" if num_outputs > 1 else "losses added by layers"
+        if num_outputs > 1 or layer_loss is not None:
+            raise ValueError(
+                f"{type(self).__name__} {self.name!r}: an output with a Keras mask and "
+                f"{other} in one model: the pipeline weighs each micro-batch's loss by "
+                "one count (the mask's valid entries) and would differ from the plain "
+                "model; apply the mask in the loss (sample_weight) instead of a Keras mask"
+            )
+
     def train_step(self, data: Any) -> dict:
         """One batch through the pipeline's schedule; the compiled loss per micro-batch."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         if self._pipeline is None:
             self._RaiseUnbuilt(x)
+        self._clear_losses()  # a previous call's layer losses: the pipeline adds its own
         batch = tf.shape(tf.nest.flatten(x)[0])[0]
-        predictions, rows, structure = [], [], []
-
-        def LossFn(y_pred: Any, micro: NestedMap) -> NestedMap:
-            loss = self._MicroBatchLoss(micro.y, y_pred, micro.get("sample_weight"))
-            if not base_layer.IsRecomputing():
-                structure[:] = [y_pred]
-                predictions.append(tf.nest.flatten(y_pred))
-                rows.append(micro.row)
-            size = tf.shape(micro.row)[0]
-            return NestedMap(loss=(loss, tf.cast(size, loss.dtype)))
-
+        predictions: list = []
+        loss_fn = self._LossFn(predictions)
+        pipeline, scale = self._pipeline, self._LossScale()
+        if not hasattr(pipeline, "FPropWithLosses"):  # a PipeliningLayer's loss_fn
+            loss_fn = lambda y_pred, micro, fn=loss_fn: fn(y_pred, None, micro)  # noqa: E731
         # Each example's row: the merged predictions keep the batch's order whatever
         # order the last stage's forwards ran in.
         loss_inputs = NestedMap(y=y, row=tf.range(batch))
         if sample_weight is not None:
             loss_inputs.sample_weight = sample_weight
-        pipeline = self._pipeline
+        # The executor's backward of micro-batch m starts from d(loss_m rows_m * its
+        # loss_scale): divided by the batch's rows, that is the plain model's scaled loss
+        # restricted to the micro-batch, so float16 overflows where the plain model's would.
+        executor_scale = None if scale is None else scale / tf.cast(batch, scale.dtype)
         with seeds.StepSeedScope(self.optimizer.iterations):
-            out = pipeline.ForwardBackward(pipeline.theta, x, LossFn, loss_inputs)
-        self.optimizer.apply(self._Gradients(out), self.trainable_weights)
-        loss, count = out.metrics.loss
-        self._loss_tracker.update_state(loss, sample_weight=count)
-        flat = [tf.dynamic_stitch(rows, list(leaf)) for leaf in zip(*predictions)]
-        y_pred = tf.nest.pack_sequence_as(structure[0], flat)
+            out = pipeline.ForwardBackward(pipeline.theta, x, loss_fn, loss_inputs, executor_scale)
+        grads = self._Gradients(out)
+        if scale is not None:
+            # The pipeline's backward ran on the scaled loss (so float16 kept the small
+            # gradients) and unscaled its float32 sums; the LossScaleOptimizer wants them
+            # scaled, as the plain model's tape gives them: it unscales, checks they are
+            # finite, and skips the step (halving the scale) where they are not.
+            grads = [_Times(g, scale) for g in grads]
+        self.optimizer.apply(grads, self.trainable_weights)
+        loss, _ = out.metrics.loss
+        self._loss_tracker.update_state(loss, sample_weight=batch)
+        y_pred = _Stitched(predictions)
         if self._compile_loss is not None and self._compile_loss.metrics:
             self._compile_loss(y, y_pred, sample_weight)  # the per-output loss metrics
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
@@ -319,23 +392,60 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
             if found is None:
                 raise
             line = found.group(0).replace("\\'", "'")  # the run-time assertion escapes quotes
+            line = line.split(": ", 1)[1]  # after the pipeline's own name for the model
             raise ValueError(f"{type(self).__name__} {self.name!r}: {line}") from None
         except BaseException:
             self._DropTracedFunctions()
             raise
 
+    def _CheckLastBatches(self, run: str, args: tuple, kwargs: dict) -> None:
+        """Before any work: arrays whose last batch (or validation_split's) would hold
+        fewer rows than num_micro_batches are one ValueError line saying what to change.
+        (A tf.data dataset's batches are only known as they come: checked at run time.)"""
+        method = getattr(keras.Model, run)
+        bound = inspect.signature(method).bind(self, *args, **kwargs).arguments
+        leaves = tree.flatten(bound.get("x"))
+        if not leaves or not all(isinstance(v, (np.ndarray, tf.Tensor)) for v in leaves):
+            return
+        rows, batch = int(leaves[0].shape[0]), bound.get("batch_size") or 32
+        split = bound.get("validation_split") or 0.0
+        parts = {f"{run}'s": rows}
+        if run == "fit" and split:
+            train = int(math.ceil(rows * (1.0 - split)))
+            parts = {"fit's": train, "validation_split's": rows - train}
+        needed = self._knobs["num_micro_batches"]
+        for what, n in parts.items():
+            first, last = min(batch, n), n % batch
+            if 0 < first < needed:
+                problem, fix = f"batches would hold {first} rows", f"of at least {needed}"
+            elif 0 < last < needed:
+                problem = f"last batch would hold {last} rows"
+                fix = (
+                    f"that leaves 0 or at least {needed} rows in the last batch, drop {last} rows,"
+                )
+            else:
+                continue
+            raise ValueError(
+                f"{type(self).__name__} {self.name!r}: {what} {problem} ({n} rows in batches "
+                f"of {batch}), fewer than num_micro_batches={needed}; pass a batch_size {fix} "
+                "or lower num_micro_batches"
+            )
+
     def fit(self, *args: Any, **kwargs: Any) -> Any:
+        self._CheckLastBatches("fit", args, kwargs)
         return self._Guarded(super().fit, *args, **kwargs)
 
     def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        self._CheckLastBatches("evaluate", args, kwargs)
         return self._Guarded(super().evaluate, *args, **kwargs)
 
     def predict(self, *args: Any, **kwargs: Any) -> Any:
+        self._CheckLastBatches("predict", args, kwargs)
         return self._Guarded(super().predict, *args, **kwargs)
 
     def _ServingSignature(self) -> list:
         """[the inputs' structure of tf.TensorSpec (batch None)]: one positional argument."""
-        if self._input_spec is None:
+        if self._stage_spec is None:
             raise ValueError(
                 f"{type(self).__name__} {self.name!r}: it has no stages yet, so nothing to "
                 f"export; build it first (input_shape=..., or call it on a batch)"
@@ -348,8 +458,8 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
             shape = (None, *spec.shape[1:])
             return tf.TensorSpec(shape, spec.dtype or self.input_dtype, name=name)
 
-        flat = keras.tree.flatten_with_path(self._input_spec)
-        return [keras.tree.pack_sequence_as(self._input_spec, [Spec(*item) for item in flat])]
+        flat = keras.tree.flatten_with_path(self._stage_spec)
+        return [keras.tree.pack_sequence_as(self._stage_spec, [Spec(*item) for item in flat])]
 
     def export(
         self, filepath: Any, format: str = "tf_saved_model", verbose: Any = None, **kwargs: Any
@@ -363,7 +473,7 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
     @property
     def _default_save_signature(self) -> Any:
         """tf.saved_model.save's 'serving_default': the pipelined forward, for inference."""
-        if self._input_spec is None:
+        if self._stage_spec is None:
             return None
 
         @tf.function(input_signature=self._ServingSignature())
@@ -389,6 +499,31 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
         return f"Pipeline stages of {self.name!r}:\n" + "\n".join(lines)
+
+
+def _Stitched(predictions: list) -> Any:
+    """The micro-batches' (y_pred, masks, rows) as the batch's y_pred, in the batch's
+    row order, each output with its merged Keras mask."""
+    rows = [r for _, _, r in predictions]
+    flat = []
+    for i, leaf in enumerate(zip(*[tf.nest.flatten(y) for y, _, _ in predictions])):
+        merged = tf.dynamic_stitch(rows, list(leaf))
+        masks = [m[i] for _, m, _ in predictions]
+        if masks[0] is not None:
+            masking.set_keras_mask(merged, tf.dynamic_stitch(rows, masks))
+        flat.append(merged)
+    return tf.nest.pack_sequence_as(predictions[0][0], flat)
+
+
+def _Times(g: Any, factor: tf.Tensor) -> Any:
+    """g * factor for a gradient (None, a tensor or tf.IndexedSlices)."""
+    if g is None:
+        return None
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            g.values * tf.cast(factor, g.values.dtype), g.indices, g.dense_shape
+        )
+    return g * tf.cast(factor, g.dtype)
 
 
 def _Size(weight: Any) -> int:

@@ -58,6 +58,14 @@ def KerasLayers(layers: Any, where: str) -> list:
             out.extend(layer.layers)
         elif isinstance(layer, keras.layers.Layer) and not isinstance(layer, keras.Model):
             out.append(layer)
+        elif isinstance(layer, keras.Model):
+            kind = "a Functional" if hasattr(layer, "_nodes_by_depth") else "a subclassed"
+            raise TypeError(
+                f"{where}: received {kind} keras.Model ({type(layer).__name__} "
+                f"{layer.name!r}) at [{i}]: it runs its layers by its own call, not in "
+                "order; pass lingpipe.keras.Pipeline(model) a Functional model, or pass "
+                "model.layers here if they do run one after another"
+            )
         else:
             raise TypeError(
                 f"{where}: expected Keras 3 layers (keras.layers.Layer) or a keras.Sequential, "
@@ -209,10 +217,20 @@ class KerasCell(base_layer.BaseLayer):
     def FProp(self, theta: NestedMap, inputs: tf.Tensor) -> tf.Tensor:
         """inputs: [batch, *input_shape] -> the last Keras layer's outputs [batch, ...]."""
         training = not self.do_eval
-        with keras.StatelessScope(self._StateMapping(theta), initialize_variables=False):
+        mapping = self._StateMapping(theta)
+        with keras.StatelessScope(
+            mapping, initialize_variables=False, collect_losses=True
+        ) as scope:
             outputs = inputs
             for layer in self._keras_layers:
                 outputs = layer(outputs, training=training)
+                if scope.losses:
+                    raise ValueError(
+                        f"{self.path}: {type(layer).__name__} {layer.name!r} adds a loss "
+                        "(add_loss or an activity regularizer), which a KerasCell cannot "
+                        "carry to the task's loss; use lingpipe.keras.Pipeline on a "
+                        "Functional model, which adds layers' losses as Keras does"
+                    )
         return outputs
 
     @classmethod

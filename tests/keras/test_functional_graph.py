@@ -227,3 +227,29 @@ def test_tpu_logical_cores_annotate_each_stage_of_a_keras_graph():
     assert all(g is not None for g in Step())
     assert {core for core, _ in cores} == {0, 1, 2}
     assert all(device == str(core + 1) for core, device in cores), cores
+
+
+def _TokenClassifier():
+    """ids [batch, time] -> Embedding(1000, 16) -> Dense(16) -> pooled logits [batch, 2]."""
+    ids = keras.Input((None,), dtype="int32", name="ids")
+    h = keras.layers.Embedding(1000, 16, name="embed")(ids)
+    h = keras.layers.Dense(16, activation="relu", name="ff")(h)
+    h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
+    return keras.Model(ids, keras.layers.Dense(2, name="logits")(h))
+
+
+def test_an_embedding_is_costed_as_a_lookup_and_unknown_dims_print_as_none():
+    from lingpipe.keras import graph as graph_lib
+
+    graph = graph_lib.Trace(_TokenClassifier(), "test")
+    embed = next(n for n in graph.nodes if n.name == "embed")
+    # One row read per token: its output elements, not 2 x rows x its 16,000 weights.
+    assert graph_lib.NodeFlops(embed) == 16
+    pipe = lpk.Pipeline(
+        _TokenClassifier(),
+        num_stages=2,
+        num_micro_batches=2,
+        split_points=["ff"],
+        devices=DEVICES[:2],
+    )
+    assert "embed [batch, None, 16] float32" in str(pipe.pipeline.PartitionReport())

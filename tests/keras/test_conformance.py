@@ -1,0 +1,49 @@
+"""Keras conformance: every row of tests/keras/conformance.py's table through
+lingpipe.keras.Pipeline equals the plain model (fit's weights and history, evaluate,
+predict) under each of its schedules, to float32 rounding or the policy's."""
+
+import pathlib
+import re
+
+import conformance
+import pytest
+
+CASES = [
+    pytest.param(name, schedule, "Pipeline", id=f"{name} [{schedule}]")
+    for name, feature in conformance.FEATURES.items()
+    for schedule in feature.schedules
+] + [
+    pytest.param(name, "1f1b", "PipelinedSequential", id=f"{name} [PipelinedSequential]")
+    for name, feature in conformance.FEATURES.items()
+    if feature.sequential
+]
+
+
+@pytest.mark.parametrize("name,schedule,front", CASES)
+def test_feature_equals_the_plain_model(name, schedule, front):
+    feature = conformance.FEATURES[name]
+    figures = conformance.Compare(feature, schedule, front)
+    worst = max(figures.values())
+    assert worst <= feature.tolerance, f"{name} under {schedule} ({front}): {figures}"
+
+
+@pytest.mark.parametrize("what", list(conformance.REFUSALS))
+def test_refused_in_one_line_before_training(what):
+    error, pattern = conformance.REFUSALS[what]
+    with pytest.raises(error) as raised:
+        conformance.Refuse(what)
+    message = re.sub(r"\x1b\[[0-9;]*m", "", str(raised.value)).strip()
+    assert "\n" not in message, message
+    assert re.search(pattern, message), message
+
+
+def _Listed(readme: str, block: str) -> list[str]:
+    start, end = f"<!-- conformance:{block} -->", f"<!-- /conformance:{block} -->"
+    text = readme.split(start, 1)[1].split(end, 1)[0]
+    return [line[2:] for line in text.strip().splitlines()]
+
+
+def test_readme_lists_exactly_the_table():
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    assert _Listed(readme, "features") == list(conformance.FEATURES)
+    assert _Listed(readme, "refusals") == list(conformance.REFUSALS)
