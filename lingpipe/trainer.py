@@ -33,13 +33,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import signal
 import sys
 from typing import NamedTuple
 
 from absl import app, flags, logging
 
-from lingpipe.runners import startup
+from lingpipe.runners import startup, stop_signals
 
 MODES = ("train", "eval", "train_and_eval", "inspect_params", "inspect_model", "export")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "hosts")
@@ -540,7 +539,7 @@ def _Train(layout, tasks: list, plan, logdir: str, intervals, run) -> int:
     return 0
 
 
-def _Run(scope: contextlib.ExitStack) -> int:
+def _Run() -> int:
     """Resolves the params, builds and checks everything the mode needs, and only then
     writes the params to the logdir and runs the mode."""
     from lingpipe.runners import inspect_model, preflight
@@ -570,17 +569,22 @@ def _Run(scope: contextlib.ExitStack) -> int:
         logging.info("%s", plan.batch_plan)
     if FLAGS.mode == "export":
         return _Export(tasks, plan, logdir)
-    if layout.is_chief:
-        from lingpipe.runners import rundir, train_loop
+    from lingpipe.runners import rundir
 
-        # From here a signal ends the run cleanly, releasing the lock.
-        scope.enter_context(train_loop.StopBeforeSteps())
-        scope.enter_context(rundir.LogdirLock(logdir))  # Held to the end of the run.
-        if startup.WritesParams(logdir, FLAGS.mode):
-            _WriteParams(logdir, resolved)
-    if FLAGS.mode == "eval":
-        return _Evaluate(layout, tasks, plan)
-    return _Train(layout, tasks, plan, logdir, intervals, run)
+    # The chief holds the lock to the end of the run. A `with`, not an ExitStack: Python
+    # runs nothing between the lock's __enter__ and the block whose end releases it,
+    # so no signal can come in between.
+    with rundir.LogdirLock(logdir) if layout.is_chief else contextlib.nullcontext():
+        try:
+            if layout.is_chief and startup.WritesParams(logdir, FLAGS.mode):
+                _WriteParams(logdir, resolved)
+            if FLAGS.mode == "eval":
+                return _Evaluate(layout, tasks, plan)
+            return _Train(layout, tasks, plan, logdir, intervals, run)
+        finally:
+            # The run has ended, however: a signal now could only add a second line or
+            # change the status of what is done.
+            stop_signals.Ignore()
 
 
 def main(argv: list[str]) -> int:
@@ -591,6 +595,25 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    # First: from here to the train loop (TensorFlow's import included, which takes
+    # seconds), SIGTERM and SIGINT stop the run at once with one line, status 3.
+    try:
+        with stop_signals.StopBeforeSteps():
+            return _Main()
+    except stop_signals.Stopped as e:
+        print(f"lingpipe.trainer: {e}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print(
+            "lingpipe.trainer: interrupted; nothing was saved after the newest checkpoint",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def _Main() -> int:
+    """main's work, under its signal handling: an error that ends the run prints one
+    line and becomes the exit status."""
     try:
         _CheckFlags()
     except startup.UsageError as e:
@@ -602,8 +625,7 @@ def main(argv: list[str]) -> int:
     from lingpipe.runners import checkpointer, rundir, train_loop
 
     try:
-        with contextlib.ExitStack() as scope:
-            return _Run(scope)
+        return _Run()
     except (startup.UsageError, rundir.LogdirLockedError) as e:
         print(f"lingpipe.trainer: error: {e}", file=sys.stderr)
         return 2
@@ -615,15 +637,6 @@ def main(argv: list[str]) -> int:
     ) as e:
         print(f"lingpipe.trainer: error: {e}", file=sys.stderr)
         return 1
-    except train_loop.Stopped as e:
-        print(f"lingpipe.trainer: {e}", file=sys.stderr)
-        return 3
-    except KeyboardInterrupt:
-        print(
-            "lingpipe.trainer: interrupted; nothing was saved after the newest checkpoint",
-            file=sys.stderr,
-        )
-        return 130
 
 
 def Run() -> None:
@@ -653,9 +666,10 @@ def Run() -> None:
 
     def Main(argv: list[str]) -> None:
         status = main(argv)
-        # The run has ended: a late Ctrl-C while Python tears TensorFlow down would
-        # raise in a finalizer and print 'Exception ignored in ... KeyboardInterrupt'.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # The run has ended: a late SIGTERM would lose its status (-15), a late Ctrl-C
+        # raise in a finalizer while Python tears TensorFlow down and print 'Exception
+        # ignored in ... KeyboardInterrupt'.
+        stop_signals.Ignore()
         # Python's last garbage collection at exit walks every object TensorFlow made:
         # 3-8 s of silence after the last line on 2 cores. The OS frees them anyway.
         gc.freeze()

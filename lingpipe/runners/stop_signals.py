@@ -71,6 +71,14 @@ def _SentAgainLater(signum: int, frame) -> bool:
     return True
 
 
+def Ignore() -> None:
+    """From now on SIGTERM and SIGINT do nothing (the run has ended; its status stands).
+    Outside the main thread, where Python cannot set handlers, nothing changes."""
+    if threading.current_thread() is threading.main_thread():
+        for s in _Handlers.SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+
+
 class _Handlers(abc.ABC):
     """Installs `_Handle` for SIGTERM and SIGINT while entered, restoring the previous
     handlers on exit. Outside the main thread, where Python cannot set handlers,

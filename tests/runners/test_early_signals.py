@@ -1,24 +1,29 @@
-"""A signal before the train loop (issue 30), while the logdir's lock is taken or
-released: the run stops with Stopped and the lock is gone (or was never written).
+"""A signal before the train loop (issue 30): at start-up, while TensorFlow is imported,
+while the logdir's lock is taken or released. The trainer stops with one line and
+status 3, and the lock is gone (or was never written).
 
 The lock's own code is tried at each line it runs (a `sys.settrace` hook raises the
 signal there), `threading.Thread.start` included; a stress form sends real signals
 from another thread at random instants of the same sequence; both run in this
-process, a few seconds in all.
+process, a few seconds in all. The trainer gets the signal while it imports
+TensorFlow (in a subprocess that imports nothing of it), resolves its params, and
+just after it took the lock.
 """
 
 import functools
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 
 import pytest
+from test_trainer import _Env
 
-from lingpipe.runners import rundir, stop_signals
+from lingpipe.runners import rundir, startup, stop_signals
 
 _SIGNALS = [signal.SIGTERM, signal.SIGINT]
 _WAIT_S = 10.0  # for a signal to be handled; a test that needs it has failed
@@ -206,3 +211,77 @@ def test_real_signals_at_random_instants_of_the_lock_sequence_never_leave_the_lo
     assert not others, "\n".join(others)
     assert not thread_errors, thread_errors
     assert not stray_signals, stray_signals
+
+
+_STOPPED = (
+    "lingpipe.trainer: Stopped by {} before any step ran; the checkpoints are as they "
+    "were; rerun the same command to resume"
+)
+# The trainer, with the import of TensorFlow hit by signal argv[1] as it begins.
+_LAUNCH_INTERRUPTING_TENSORFLOW = """
+import importlib.abc, signal, sys
+
+SIGNAL = signal.Signals[sys.argv.pop(1)]
+
+
+class InterruptTensorFlow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "tensorflow":
+            signal.raise_signal(SIGNAL)
+        return None
+
+
+sys.meta_path.insert(0, InterruptTensorFlow())
+from lingpipe import trainer
+trainer.Run()
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_tensorflow_is_imported_stops_with_one_line_and_status_3(tmp_path, name):
+    logdir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-c", _LAUNCH_INTERRUPTING_TENSORFLOW, name, f"--logdir={logdir}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_Env(),
+    )
+    assert (proc.returncode, proc.stderr.splitlines()) == (3, [_STOPPED.format(name)])
+    assert not logdir.exists()
+
+
+@pytest.mark.parametrize("signum", _SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_a_signal_while_the_params_are_resolved_stops_with_one_line_and_status_3(
+    capsys, tmp_path, monkeypatch, stray_signals, signum
+):
+    from test_trainer_main import Main
+
+    def Resolve(*args):
+        signal.raise_signal(signum)
+        raise AssertionError("the signal did not stop the run")
+
+    monkeypatch.setattr(startup, "ResolveParams", Resolve)
+    status, lines = Main(capsys, f"--logdir={tmp_path / 'run'}")
+    assert (status, lines) == (3, [_STOPPED.format(signal.Signals(signum).name)])
+    assert not (tmp_path / "run").exists() and not stray_signals
+
+
+@pytest.mark.parametrize("signum", _SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_a_signal_just_after_the_lock_is_taken_releases_it_with_one_line_and_status_3(
+    capsys, tmp_path, monkeypatch, stray_signals, signum
+):
+    from test_trainer_main import Main
+
+    logdir = tmp_path / "run"
+
+    def WritesParams(*args):  # what the trainer asks first once it holds the lock
+        assert (logdir / rundir.LOCK_FILE).exists()
+        signal.raise_signal(signum)
+        raise AssertionError("the signal did not stop the run")
+
+    monkeypatch.setattr(startup, "WritesParams", WritesParams)
+    status, lines = Main(capsys, f"--logdir={logdir}")
+    assert (status, lines[-1:]) == (3, [_STOPPED.format(signal.Signals(signum).name)])
+    assert not any("Traceback" in line for line in lines)
+    assert os.listdir(logdir) == [] and not stray_signals
