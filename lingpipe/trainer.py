@@ -19,13 +19,33 @@ that reached max_steps completes its final evaluation if that did not happen, an
 otherwise says there is nothing to do. The logdir may be any path TensorFlow's
 file system knows (local, gs://, ram://).
 
-Exit status: 0 done, 1 training failed (non-finite loss or weights, a float16 run
-that never updated, unreadable checkpoints, a file of the run that cannot be
-written, a lost or hung worker), 2 bad command line or params (a model too big for
-the machine included), or the logdir is in use by another run (the message says
-what was expected), 3 stopped by SIGTERM or SIGINT after saving a checkpoint, before
-the first step, or while a hung step waited (rerun to resume), 130 interrupted
-before anything could be saved (a second Ctrl-C).
+Exit status, and what SIGTERM or SIGINT (Ctrl-C) does in each phase of a run:
+  0    done
+  1    training failed: a non-finite loss or weights, a float16 run that never
+       updated, unreadable checkpoints, a file of the run that cannot be written
+       (a full disk), a lost or hung worker
+  2    bad command line, params or input (a model too big for the machine
+       included), or the logdir is in use by another run; the message says what
+       was expected
+  3    stopped by SIGTERM or SIGINT; rerunning the same command resumes:
+       - at start-up (the flags, TensorFlow's import, building and checking the
+         model), from taking the logdir's lock to the first step, and in
+         --mode=eval or export: at once, the lock released, nothing saved
+         ("Stopped by SIGTERM before any step ran; ...")
+       - during a step or a checkpoint write: after it, the step saved ("Stopped
+         by SIGTERM at step N; saved ckpt-N; ...")
+       - during an evaluation between steps: after it and the next step, that
+         step saved
+       - under a step deadline (--step_timeout_s), when what it waits for (a
+         step, a checkpoint write, an evaluation batch) still runs 5 s after the
+         signal: without saving ("Stopped by SIGTERM while step N waited ...")
+  130  a second SIGTERM or SIGINT in the train loop: interrupted at once, nothing
+       saved after the newest checkpoint
+A signal during the final evaluation lets it finish (status 0). Once the run has
+ended, while it releases the lock and prints its last line, signals are ignored:
+its status stands. In the first ~0.15 s, while Python starts and before the
+trainer's code runs, a signal has Python's default effect: SIGTERM ends the process
+without a message, Ctrl-C prints a KeyboardInterrupt traceback.
 """
 
 from __future__ import annotations
