@@ -19,13 +19,33 @@ that reached max_steps completes its final evaluation if that did not happen, an
 otherwise says there is nothing to do. The logdir may be any path TensorFlow's
 file system knows (local, gs://, ram://).
 
-Exit status: 0 done, 1 training failed (non-finite loss or weights, a float16 run
-that never updated, unreadable checkpoints, a file of the run that cannot be
-written, a lost or hung worker), 2 bad command line or params (a model too big for
-the machine included), or the logdir is in use by another run (the message says
-what was expected), 3 stopped by SIGTERM or SIGINT after saving a checkpoint, before
-the first step, or while a hung step waited (rerun to resume), 130 interrupted
-before anything could be saved (a second Ctrl-C).
+Exit status, and what SIGTERM or SIGINT (Ctrl-C) does in each phase of a run:
+  0    done
+  1    training failed: a non-finite loss or weights, a float16 run that never
+       updated, unreadable checkpoints, a file of the run that cannot be written
+       (a full disk), a lost or hung worker
+  2    bad command line, params or input (a model too big for the machine
+       included), or the logdir is in use by another run; the message says what
+       was expected
+  3    stopped by SIGTERM or SIGINT; rerunning the same command resumes:
+       - at start-up (the flags, TensorFlow's import, building and checking the
+         model), from taking the logdir's lock to the first step, and in
+         --mode=eval or export: at once, the lock released, nothing saved
+         ("Stopped by SIGTERM before any step ran; ...")
+       - during a step or a checkpoint write: after it, the step saved ("Stopped
+         by SIGTERM at step N; saved ckpt-N; ...")
+       - during an evaluation between steps: after it and the next step, that
+         step saved
+       - under a step deadline (--step_timeout_s), when what it waits for (a
+         step, a checkpoint write, an evaluation batch) still runs 5 s after the
+         signal: without saving ("Stopped by SIGTERM while step N waited ...")
+  130  a second SIGTERM or SIGINT in the train loop: interrupted at once, nothing
+       saved after the newest checkpoint
+A signal during the final evaluation lets it finish (status 0). Once the run has
+ended, while it releases the lock and prints its last line, signals are ignored:
+its status stands. In the first ~0.15 s, while Python starts and before the
+trainer's code runs, a signal has Python's default effect: SIGTERM ends the process
+without a message, Ctrl-C prints a KeyboardInterrupt traceback.
 """
 
 from __future__ import annotations
@@ -33,13 +53,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import signal
 import sys
 from typing import NamedTuple
 
 from absl import app, flags, logging
 
-from lingpipe.runners import startup
+from lingpipe.runners import startup, stop_signals
 
 MODES = ("train", "eval", "train_and_eval", "inspect_params", "inspect_model", "export")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "hosts")
@@ -540,7 +559,7 @@ def _Train(layout, tasks: list, plan, logdir: str, intervals, run) -> int:
     return 0
 
 
-def _Run(scope: contextlib.ExitStack) -> int:
+def _Run() -> int:
     """Resolves the params, builds and checks everything the mode needs, and only then
     writes the params to the logdir and runs the mode."""
     from lingpipe.runners import inspect_model, preflight
@@ -570,17 +589,22 @@ def _Run(scope: contextlib.ExitStack) -> int:
         logging.info("%s", plan.batch_plan)
     if FLAGS.mode == "export":
         return _Export(tasks, plan, logdir)
-    if layout.is_chief:
-        from lingpipe.runners import rundir, train_loop
+    from lingpipe.runners import rundir
 
-        # From here a signal ends the run cleanly, releasing the lock.
-        scope.enter_context(train_loop.StopBeforeSteps())
-        scope.enter_context(rundir.LogdirLock(logdir))  # Held to the end of the run.
-        if startup.WritesParams(logdir, FLAGS.mode):
-            _WriteParams(logdir, resolved)
-    if FLAGS.mode == "eval":
-        return _Evaluate(layout, tasks, plan)
-    return _Train(layout, tasks, plan, logdir, intervals, run)
+    # The chief holds the lock to the end of the run. A `with`, not an ExitStack: Python
+    # runs nothing between the lock's __enter__ and the block whose end releases it,
+    # so no signal can come in between.
+    with rundir.LogdirLock(logdir) if layout.is_chief else contextlib.nullcontext():
+        try:
+            if layout.is_chief and startup.WritesParams(logdir, FLAGS.mode):
+                _WriteParams(logdir, resolved)
+            if FLAGS.mode == "eval":
+                return _Evaluate(layout, tasks, plan)
+            return _Train(layout, tasks, plan, logdir, intervals, run)
+        finally:
+            # The run has ended, however: a signal now could only add a second line or
+            # change the status of what is done.
+            stop_signals.Ignore()
 
 
 def main(argv: list[str]) -> int:
@@ -591,6 +615,25 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    # First: from here to the train loop (TensorFlow's import included, which takes
+    # seconds), SIGTERM and SIGINT stop the run at once with one line, status 3.
+    try:
+        with stop_signals.StopBeforeSteps():
+            return _Main()
+    except stop_signals.Stopped as e:
+        print(f"lingpipe.trainer: {e}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print(
+            "lingpipe.trainer: interrupted; nothing was saved after the newest checkpoint",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def _Main() -> int:
+    """main's work, under its signal handling: an error that ends the run prints one
+    line and becomes the exit status."""
     try:
         _CheckFlags()
     except startup.UsageError as e:
@@ -602,8 +645,7 @@ def main(argv: list[str]) -> int:
     from lingpipe.runners import checkpointer, rundir, train_loop
 
     try:
-        with contextlib.ExitStack() as scope:
-            return _Run(scope)
+        return _Run()
     except (startup.UsageError, rundir.LogdirLockedError) as e:
         print(f"lingpipe.trainer: error: {e}", file=sys.stderr)
         return 2
@@ -615,15 +657,6 @@ def main(argv: list[str]) -> int:
     ) as e:
         print(f"lingpipe.trainer: error: {e}", file=sys.stderr)
         return 1
-    except train_loop.Stopped as e:
-        print(f"lingpipe.trainer: {e}", file=sys.stderr)
-        return 3
-    except KeyboardInterrupt:
-        print(
-            "lingpipe.trainer: interrupted; nothing was saved after the newest checkpoint",
-            file=sys.stderr,
-        )
-        return 130
 
 
 def Run() -> None:
@@ -653,9 +686,10 @@ def Run() -> None:
 
     def Main(argv: list[str]) -> None:
         status = main(argv)
-        # The run has ended: a late Ctrl-C while Python tears TensorFlow down would
-        # raise in a finalizer and print 'Exception ignored in ... KeyboardInterrupt'.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # The run has ended: a late SIGTERM would lose its status (-15), a late Ctrl-C
+        # raise in a finalizer while Python tears TensorFlow down and print 'Exception
+        # ignored in ... KeyboardInterrupt'.
+        stop_signals.Ignore()
         # Python's last garbage collection at exit walks every object TensorFlow made:
         # 3-8 s of silence after the last line on 2 cores. The OS frees them anyway.
         gc.freeze()

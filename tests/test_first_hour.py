@@ -106,7 +106,8 @@ def test_installed_command_help_shows_the_description_and_exit_codes():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(trainer.__doc__.splitlines()[0]), done.stdout[:300]
-    assert "Exit status: 0 done, 1 training failed" in done.stdout
+    assert "Exit status, and what SIGTERM or SIGINT (Ctrl-C) does" in done.stdout
+    assert "\n  0    done\n  1    training failed: " in done.stdout
     assert "--model: Registered model to run" in done.stdout
 
 

@@ -21,6 +21,12 @@ the logdir itself, so two runs started at once, even on a dead run's lock, never
 both take it; elsewhere it is renamed into place and read back, which narrows but
 does not close that window.
 
+Taking and releasing the lock are never stopped half-way by the trainer's SIGTERM and
+SIGINT handlers (`stop_signals.Uninterruptible`: the signal is handled just after),
+and Release works at any instant of Acquire otherwise (a KeyboardInterrupt): the
+holder is known before its file can exist, and the heartbeat thread is never waited
+for, only a write it has begun.
+
 The run state (`run_state.json`) says how the run last ended, so that a rerun of
 the same command completes what is missing (the final evaluation) and otherwise
 says there is nothing to do:
@@ -42,6 +48,8 @@ import time
 
 import tensorflow as tf
 from absl import logging
+
+from lingpipe.runners import stop_signals
 
 LOCK_FILE = "lingpipe.lock"
 RUN_STATE_FILE = "run_state.json"
@@ -227,9 +235,9 @@ class LogdirLock:
         self._path = os.path.join(logdir, LOCK_FILE)
         self._stale_after_s = stale_after_s
         self._heartbeat_s = heartbeat_s
-        self._holder: dict | None = None
+        self._holder: dict | None = None  # what this process writes in the lock
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._writing = threading.Lock()  # held by the heartbeat while it rewrites the lock
 
     @property
     def path(self) -> str:
@@ -263,6 +271,7 @@ class LogdirLock:
             f"end or choose another --logdir; if that run is gone, delete {self._path}"
         )
 
+    @stop_signals.Uninterruptible
     def Acquire(self) -> None:
         """Takes the lock, or takes over a stale one with a warning.
 
@@ -274,17 +283,17 @@ class LogdirLock:
             tf.io.gfile.makedirs(self._logdir)
         except (tf.errors.OpError, OSError) as e:
             raise LogdirWriteError(f"cannot create {self._logdir}: {Reason(e)}") from None
-        mine = self._Holder()
+        # Known before the file can exist: Release recognizes it whenever Acquire stops.
+        self._holder = self._Holder()
         with _Serialized(self._logdir):
-            self._TakeOrTakeOver(mine)
+            self._TakeOrTakeOver(self._holder)
+        self._StartHeartbeat()
 
     def _TakeOrTakeOver(self, mine: dict) -> None:
         """Acquire's work, serialized with other processes' (two that both saw a dead
         holder would otherwise each remove the other's fresh lock and both win)."""
         for _ in range(3):
             if _CreateExclusively(self._path, json.dumps(mine, sort_keys=True)):
-                self._holder = mine
-                self._StartHeartbeat()
                 return
             holder = _ReadJson(self._path)
             reason = self._StaleReason(holder)
@@ -299,39 +308,46 @@ class LogdirLock:
     def _StartHeartbeat(self) -> None:
         if not self._heartbeat_s:
             return
+        holder = self._holder
 
         def Beat() -> None:
             while not self._stop.wait(self._heartbeat_s):
-                self._holder["updated"] = _Now()
-                try:
-                    WriteText(self._path, json.dumps(self._holder, sort_keys=True))
-                except LogdirWriteError as e:
-                    logging.warning("Could not confirm the lock: %s", e)
+                with self._writing:
+                    if self._stop.is_set():  # Release came while this waited to write.
+                        return
+                    holder["updated"] = _Now()
+                    try:
+                        WriteText(self._path, json.dumps(holder, sort_keys=True))
+                    except LogdirWriteError as e:
+                        logging.warning("Could not confirm the lock: %s", e)
 
-        self._thread = threading.Thread(target=Beat, name="logdir-lock", daemon=True)
-        self._thread.start()
+        threading.Thread(target=Beat, name="logdir-lock", daemon=True).start()
 
+    @stop_signals.Uninterruptible
     def Release(self) -> None:
-        """Removes the lock if this process holds it (idempotent)."""
+        """Removes the lock if this process took it (idempotent), whatever the state of
+        Acquire and of the heartbeat thread (not started, waiting, writing)."""
         if self._holder is None:
             return
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        holder = _ReadJson(self._path) or {}
-        if (holder.get("host"), holder.get("pid")) == (self._holder["host"], self._holder["pid"]):
-            _RemoveQuietly(self._path)
+        # Once this holds `_writing`, the heartbeat has seen `_stop` or will before writing.
+        with self._writing:
+            holder = _ReadJson(self._path) or {}
+            # The start time too: a stale lock of an earlier process with this pid is not ours.
+            if all(holder.get(k) == self._holder[k] for k in ("host", "pid", "started")):
+                _RemoveQuietly(self._path)
+            _RemoveQuietly(_TempName(self._path))  # Acquire's, had it stopped before removing it
         self._holder = None
 
+    @stop_signals.Uninterruptible
     def __enter__(self) -> LogdirLock:
         try:
             self.Acquire()
         except BaseException:
-            # Interrupted (a signal) after the lock file was created: it is ours.
-            self._holder = self._holder or self._Holder()
-            self.Release()
+            self.Release()  # Stopped (KeyboardInterrupt) or failed after creating the file.
             raise
         return self
 
+    @stop_signals.Uninterruptible
     def __exit__(self, *exc) -> None:
         self.Release()

@@ -2,20 +2,34 @@
 
     with StopSignals() as signals:        # the train loop: stop after the current step
       ... if signals.received: save, raise Stopped(...)
-    with StopBeforeSteps():               # from the lock to the loop: stop at once
+    with StopBeforeSteps():               # from start-up to the loop: stop at once
 
-A second signal raises KeyboardInterrupt (the trainer exits 130), except inside a
-finalizer (`__del__`), where Python would print it as 'Exception ignored in ...' and
-drop it: there the signal is sent again just after (`_Raise`).
+A second signal raises KeyboardInterrupt (the trainer exits 130). Neither handler
+raises where an exception would do harm (`_SentAgainLater`): inside a finalizer
+(`__del__`), where Python would print it as 'Exception ignored in ...' and drop it;
+inside `threading.Thread.start`, whose bookkeeping an exception breaks; and inside
+what `Uninterruptible` marks (taking and releasing the logdir's lock). There the
+signal is sent again shortly, to be handled just after.
 """
 
 from __future__ import annotations
 
+import _thread
 import abc
 import os
 import signal
 import threading
-from typing import Any
+import time
+from collections.abc import Callable
+from types import CodeType
+from typing import Any, TypeVar
+
+_F = TypeVar("_F", bound=Callable)
+RESEND_AFTER_S = 0.05  # how soon a signal that came at a bad moment is sent again
+# Code a handler must not raise in, besides finalizers: an exception inside
+# Thread.start, once the new thread began, breaks threading's records of it
+# ('KeyError: <Thread(...)>' from the new thread, or a deadlock on its lock).
+_UNINTERRUPTIBLE: set[CodeType] = {threading.Thread.start.__code__}
 
 
 class Stopped(RuntimeError):
@@ -23,23 +37,46 @@ class Stopped(RuntimeError):
     which, at what step, and that rerunning the same command resumes)."""
 
 
-def _InFinalizer(frame) -> bool:
-    """Whether `frame` runs inside a `__del__` (TensorFlow deletes its resources there)."""
+def Uninterruptible(fn: _F) -> _F:
+    """Marks `fn`: a SIGTERM or SIGINT that StopBeforeSteps or StopSignals would raise
+    while `fn` (or anything it calls) runs is sent again just after it instead, so
+    that `fn` never stops half-way (the logdir lock's Acquire and Release)."""
+    _UNINTERRUPTIBLE.add(fn.__code__)
+    return fn
+
+
+def _MustNotRaise(frame) -> bool:
+    """Whether `frame` runs inside a `__del__` (TensorFlow deletes its resources there)
+    or inside code that must not stop half-way (`_UNINTERRUPTIBLE`)."""
     while frame is not None:
-        if frame.f_code.co_name == "__del__":
+        if frame.f_code.co_name == "__del__" or frame.f_code in _UNINTERRUPTIBLE:
             return True
         frame = frame.f_back
     return False
 
 
-def _Raise(error: BaseException, signum: int, frame) -> None:
-    """Raises `error` from a signal handler, unless the signal interrupted a `__del__`:
-    Python would print the error there as 'Exception ignored in ...' and drop it. Then
-    the signal is sent again shortly, to be handled outside the finalizer."""
-    if _InFinalizer(frame):
-        threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
-        return
-    raise error
+def _SendLater(signum: int) -> None:
+    time.sleep(RESEND_AFTER_S)
+    os.kill(os.getpid(), signum)
+
+
+def _SentAgainLater(signum: int, frame) -> bool:
+    """Whether the signal interrupted code a handler must not raise in (`_MustNotRaise`);
+    then it is sent again shortly, to be handled outside that code."""
+    if not _MustNotRaise(frame):
+        return False
+    # A bare thread, not threading.Timer: Timer.start takes threading's own lock, which
+    # the interrupted Thread.start may hold.
+    _thread.start_new_thread(_SendLater, (signum,))
+    return True
+
+
+def Ignore() -> None:
+    """From now on SIGTERM and SIGINT do nothing (the run has ended; its status stands).
+    Outside the main thread, where Python cannot set handlers, nothing changes."""
+    if threading.current_thread() is threading.main_thread():
+        for s in _Handlers.SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
 
 
 class _Handlers(abc.ABC):
@@ -69,16 +106,17 @@ class _Handlers(abc.ABC):
 
 
 class StopBeforeSteps(_Handlers):
-    """While entered (from taking the logdir's lock to the train loop's StopSignals),
-    SIGTERM and SIGINT end the run at once with Stopped: no step has run, so there is
-    nothing to save, and the lock is released on the way out. Outside the main thread,
-    nothing is caught.
+    """While entered (from the trainer's start, TensorFlow's import included, to the
+    train loop's StopSignals), SIGTERM and SIGINT end the run at once with Stopped: no
+    step has run, so there is nothing to save, and a lock taken is released on the way
+    out. Outside the main thread, nothing is caught.
 
-    The handler raises wherever the main thread is, so the code it hits may re-wrap
-    the Stopped (TensorFlow's tf.Module walk raises ValueError('Error processing
-    property ...') from it) or swallow it (a fallback that catches everything). The
-    signal is also recorded: an error leaving the block after it becomes Stopped, and
-    the train loop's StopSignals, entered inside, starts with it (see there).
+    The handler raises wherever the main thread is (but see _SentAgainLater), so the
+    code it hits may re-wrap the Stopped (TensorFlow's tf.Module walk raises
+    ValueError('Error processing property ...') from it) or swallow it (a fallback
+    that catches everything). The signal is also recorded: an error leaving the block
+    after it becomes Stopped, and the train loop's StopSignals, entered inside, starts
+    with it (see there).
     """
 
     def __init__(self) -> None:
@@ -92,8 +130,10 @@ class StopBeforeSteps(_Handlers):
         )
 
     def _Handle(self, signum: int, frame) -> None:
+        if _SentAgainLater(signum, frame):
+            return  # Recorded when it comes back: the train loop would take it for a second.
         self.received = self.received or signal.Signals(signum).name
-        _Raise(self._Stopped(), signum, frame)
+        raise self._Stopped()
 
     def __exit__(self, exc_type, exc, tb) -> None:
         super().__exit__()
@@ -123,6 +163,7 @@ class StopSignals(_Handlers):
 
     def _Handle(self, signum: int, frame) -> None:
         # Only a flag: logging here could deadlock on a lock the interrupted code holds.
-        if self.received is not None:
-            _Raise(KeyboardInterrupt(), signum, frame)
-        self.received = signal.Signals(signum).name
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+        elif not _SentAgainLater(signum, frame):
+            raise KeyboardInterrupt

@@ -41,3 +41,18 @@ def test_help_exits_0():
     result = _Trainer("--help")
     assert result.returncode == 0, result.stderr
     assert "--max_steps" in result.stdout
+
+
+def _Collapsed(text):
+    return " ".join(text.split())
+
+
+def test_help_and_readme_give_the_same_exit_statuses():
+    shown = _Trainer("--help").stdout
+    in_help = shown[shown.index("Exit status,") : shown.index("\nflags:")]
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")) as f:
+        readme = f.read()
+    start = readme.index("```text\nExit status,") + len("```text\n")
+    in_readme = readme[start : readme.index("```", start)]
+    assert _Collapsed(in_help) == _Collapsed(in_readme)
+    assert "130  a second SIGTERM or SIGINT in the train loop" in in_help
