@@ -148,7 +148,7 @@ class Feature:
     compile: Callable[[], dict]
     data: Callable[[], Any]
     fit: Callable[[], dict] = dict  # fit's other keyword arguments (callbacks are stateful)
-    schedules: tuple = ("gpipe",)
+    schedules: tuple = ("gpipe", "1f1b", "zbv")
     sequential: bool = False  # also through PipelinedSequential (a DenseModel's layers)
     tolerance: float = 1e-5
     policy: str = "float32"
@@ -165,9 +165,6 @@ def _Sgd(**kwargs: Any) -> Callable[[], dict]:
 
 def _With(optimizer: Callable[[], Any], **extra: Any) -> Callable[[], dict]:
     return lambda: dict(optimizer=optimizer(), loss=SparseCe(), **extra)
-
-
-ALL = ("gpipe", "1f1b", "zbv")
 
 
 def _Regularized(model: keras.Model) -> keras.Model:
@@ -194,13 +191,12 @@ def _Optimizer(name: str, **kwargs: Any) -> Callable[[], dict]:
 
 FEATURES: dict[str, Feature] = {
     "float32, SGD with momentum": Feature(
-        DenseModel, _Sgd(momentum=0.9), DenseData, schedules=ALL, sequential=True
+        DenseModel, _Sgd(momentum=0.9), DenseData, sequential=True
     ),
     "mixed_float16 with loss scaling": Feature(
         lambda: DenseModel(output_dtype="float32"),
         _Sgd(),
         DenseData,
-        schedules=ALL,
         tolerance=2e-3,
         policy="mixed_float16",
         sequential=True,
@@ -222,25 +218,20 @@ FEATURES: dict[str, Feature] = {
         lambda: DenseModel(output_dtype="float32"),
         _Sgd(),
         DenseData,
-        schedules=("1f1b",),
         tolerance=3e-2,
         policy="mixed_bfloat16",
     ),
-    "add_loss and activity regularizers": Feature(LayerLossModel, _Sgd(), DenseData, schedules=ALL),
-    "kernel regularizers": Feature(
-        lambda: _Regularized(DenseModel()), _Sgd(), DenseData, schedules=("zbv",)
-    ),
+    "add_loss and activity regularizers": Feature(LayerLossModel, _Sgd(), DenseData),
+    "kernel regularizers": Feature(lambda: _Regularized(DenseModel()), _Sgd(), DenseData),
     "masked token loss, uneven padding": Feature(
         lambda: TokenModel(mask_zero=True),
         _Sgd(),
         lambda: TokenData(padded=True),
-        schedules=ALL,
     ),
     "sample_weight": Feature(
         DenseModel,
         _Sgd(),
         lambda: dict(zip(("x", "y"), DenseData()), sample_weight=np.linspace(0.1, 2.0, ROWS)),
-        schedules=("1f1b",),
     ),
     "class_weight": Feature(
         DenseModel,
@@ -250,14 +241,10 @@ FEATURES: dict[str, Feature] = {
         sequential=True,
     ),
     "embedding gradients as slices, SGD": Feature(PooledTokenModel, _Optimizer("sgd"), _Pooled),
-    "embedding gradients as slices, Adam": Feature(
-        PooledTokenModel, _Optimizer("adam"), _Pooled, schedules=ALL
-    ),
-    "embedding gradients as slices, AdamW": Feature(
-        PooledTokenModel, _Optimizer("adamw"), _Pooled, schedules=("zbv",)
-    ),
+    "embedding gradients as slices, Adam": Feature(PooledTokenModel, _Optimizer("adam"), _Pooled),
+    "embedding gradients as slices, AdamW": Feature(PooledTokenModel, _Optimizer("adamw"), _Pooled),
     "embedding gradients as slices, RMSprop": Feature(
-        PooledTokenModel, _Optimizer("rmsprop"), _Pooled, schedules=("1f1b",)
+        PooledTokenModel, _Optimizer("rmsprop"), _Pooled
     ),
     "clipnorm": Feature(DenseModel, _Optimizer("sgd", clipnorm=0.05), DenseData),
     "clipvalue": Feature(DenseModel, _Optimizer("sgd", clipvalue=0.01), DenseData),
@@ -265,7 +252,6 @@ FEATURES: dict[str, Feature] = {
         DenseModel,
         _Optimizer("sgd", global_clipnorm=0.05),
         DenseData,
-        schedules=("zbv",),
         sequential=True,
     ),
     "gradient_accumulation_steps": Feature(
@@ -279,7 +265,7 @@ FEATURES: dict[str, Feature] = {
     "steps_per_execution": Feature(
         DenseModel, _With(lambda: keras.optimizers.SGD(0.1), steps_per_execution=2), DenseData
     ),
-    "int32 ids into a float32 Input": Feature(TokenModel, _Sgd(), TokenData, schedules=("1f1b",)),
+    "int32 ids into a float32 Input": Feature(TokenModel, _Sgd(), TokenData),
     "dict inputs": Feature(DictModel, _Sgd(), DictData),
     "stateful metrics (AUC, Precision)": Feature(
         lambda: DenseModel(classes=1),
@@ -302,7 +288,7 @@ FEATURES: dict[str, Feature] = {
         ),
     ),
     "tf.data with sequence lengths changing between batches": Feature(
-        TokenModel, _Sgd(), lambda: dict(x=_ChangingLengths()), schedules=("zbv",)
+        TokenModel, _Sgd(), lambda: dict(x=_ChangingLengths())
     ),
     "validation_split and a partial last batch": Feature(
         DenseModel,
