@@ -18,7 +18,7 @@ import dataclasses
 import os
 import uuid
 
-from lingpipe import hyperparams, model_registry
+from lingpipe import glob_paths, hyperparams, model_registry
 
 PARAMS_FILE = "params.txt"
 PARAMS_DIFF_FILE = "params_diff.txt"
@@ -243,19 +243,17 @@ def CheckLogdir(logdir: str) -> str:
     everything else has been checked).
 
     Raises:
-      UsageError: the path is empty, is a file, lies under a file, or its file
-        system cannot be reached.
+      UsageError: the path is empty, holds characters TensorFlow reads as a glob
+        (`glob_paths`), is a file, lies under a file, or its file system cannot be
+        reached.
     """
     if not logdir:
         raise UsageError(
             "--logdir: expected a directory for checkpoints and summaries, received ''"
         )
+    if problem := glob_paths.Refusal(logdir, f"--logdir={logdir}", flag="--logdir"):
+        raise UsageError(problem)
     if IsUrl(logdir):
-        if any(c in logdir for c in "[]*?"):
-            raise UsageError(
-                f"--logdir={logdir}: expected a URL without '[', ']', '*' or '?' (TensorFlow "
-                "reads checkpoint paths as globs; only a local logdir may hold them)"
-            )
         _CheckIsNoFile(logdir.rstrip("/"), logdir)
         return logdir.rstrip("/")
     path = os.path.abspath(os.path.expanduser(logdir))
