@@ -214,6 +214,8 @@ def ResolveParams(key: str, overrides: Overrides) -> ResolvedParams:
                 "schedule to set"
             )
         p.schedule = overrides.schedule
+        if generators.IsCsvPath(overrides.schedule):
+            _CheckScheduleFile(overrides.schedule)
     if overrides.seed is not None:
         if isinstance(overrides.seed, bool) or overrides.seed < 0:
             raise UsageError(f"--seed: expected an integer >= 0, received {overrides.seed!r}")
@@ -227,6 +229,20 @@ def ResolveParams(key: str, overrides: Overrides) -> ResolvedParams:
         eval_datasets=[d for d in datasets if d != "Train"],
         overrides=overrides,
     )
+
+
+def _CheckScheduleFile(path: str) -> None:
+    """Reads and simulates --schedule's CSV file, so that one that cannot be read or run
+    is refused naming the flag (the pipeline checks it again against its K and M)."""
+    from lingpipe.pipeline import schedule, simulate
+
+    try:
+        simulate.Simulate(schedule.FromCsvFile(path, argument="--schedule"))
+    except schedule.ScheduleError as e:
+        message = str(e)
+        if not message.startswith("--schedule="):
+            message = f"--schedule={path}: {message}"
+        raise UsageError(message) from None
 
 
 def IsUrl(path: str) -> bool:
