@@ -38,7 +38,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from lingpipe import base_layer
+from lingpipe import base_layer, glob_paths
 from lingpipe.models import base_task
 from lingpipe.nested_map import NestedMap
 
@@ -122,7 +122,14 @@ def Export(task: base_task.BaseTask, directory: str, single_device: bool = False
       task: a built task whose params have an input (the signature's shapes).
       directory: where to write (any path tf.io.gfile knows).
       single_device: rebuild the task as one stage on one device before saving.
+
+    Raises:
+      ValueError: `directory` holds a character TensorFlow reads as a glob (`[`, `]`,
+        `*`, `?`, `\\`): its loaders could not read the SavedModel.
     """
+    # Before anything is built or written: TensorFlow could not load it back.
+    if problem := glob_paths.Refusal(directory, f"export.Export: directory={directory}"):
+        raise ValueError(problem)
     if single_device:
         task = SingleDeviceCopy(task)
     evaluate = _EvalFunction(task, InputSpecs(task))

@@ -21,6 +21,12 @@ pipelined forward. The weights after an epoch equal those of a plain
 keras.Sequential of the same layers fitted on the same batches, to float32
 rounding.
 
+Each stage rebuilds its layers from their configs, so the constructor refuses, in one
+line saying what to do, a layer whose config Keras cannot turn back into a layer in
+its safe mode: a `Lambda` of Python code (write a small custom layer instead), a
+custom layer not registered with `keras.saving.register_keras_serializable`, or one
+whose `get_config` leaves out an argument of `__init__`.
+
 The stages are built eagerly, with explicit shapes: give `input_shape` (one
 example's shape), a keras.Sequential that starts with keras.Input, or call the
 model on a batch (or `model.build`) before fit/evaluate/predict.
@@ -28,6 +34,7 @@ model on a batch (or `model.build`) before fit/evaluate/predict.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +59,74 @@ def _Config(layer: keras.layers.Layer) -> dict:
     config = dict(keras.layers.serialize(layer))
     config.pop("build_config", None)
     return config
+
+
+def _Rebuilt(config: dict) -> keras.layers.Layer:
+    """A new layer from `config`, left as it was: Keras' Lambda.from_config replaces the
+    function's config by the function in place, and each stage rebuilds from it again."""
+    return keras.layers.deserialize(copy.deepcopy(config))
+
+
+_REBUILD = "(each stage builds its layers from their configs)"
+
+
+def _FirstSentence(error: BaseException) -> str:
+    """The first sentence of the innermost error: Keras wraps the reason in paragraphs."""
+    while error.__cause__ or error.__context__:
+        error = error.__cause__ or error.__context__
+    text = str(error).rsplit("Exception encountered: ", 1)[-1].strip()
+    return text.splitlines()[0].split(". ")[0] if text else type(error).__name__
+
+
+def _IsRegistered(cls: type) -> bool:
+    """Whether Keras finds `cls` by the name it serializes it under."""
+    if cls.__module__.startswith("keras."):
+        return True
+    return keras.saving.get_registered_object(keras.saving.get_registered_name(cls)) is cls
+
+
+def _Configs(layers: list, where: str) -> list[dict]:
+    """Each layer's config (_Config), checked to give a layer back in Keras' safe mode;
+    a layer whose config does not is refused here, before anything is built.
+
+    Raises:
+      ValueError: a Lambda of Python code, an unregistered class, a layer Keras cannot
+        serialize or rebuild; one line saying why and what to do instead.
+    """
+    configs = []
+    for i, layer in enumerate(layers):
+        cls = type(layer).__name__
+        at = f"{where}: layers[{i}] ({cls} {layer.name!r})"
+        try:
+            config = _Config(layer)
+        except NotImplementedError:  # Keras' words: 'non-serializable argument values'
+            raise ValueError(
+                f"{at} cannot be serialized: it was made with __init__ arguments Keras cannot "
+                f"serialize {_REBUILD}; give {cls} a get_config() that returns them as plain "
+                "values"
+            ) from None
+        try:
+            _Rebuilt(config)
+        except Exception as e:  # noqa: BLE001 (Keras raises TypeError, ValueError and others)
+            if isinstance(layer, keras.layers.Lambda):
+                raise ValueError(
+                    f"{where}: layers[{i}] is a Lambda layer ({layer.name!r}) of Python code, "
+                    f"which Keras' safe mode refuses to rebuild from its config {_REBUILD}; "
+                    "write a small custom layer instead, decorated with "
+                    "@keras.saving.register_keras_serializable()"
+                ) from None
+            if not _IsRegistered(type(layer)):
+                raise ValueError(
+                    f"{at} is of a class Keras cannot find by name, so no stage can rebuild it "
+                    f"from its config {_REBUILD}; decorate {cls} with "
+                    "@keras.saving.register_keras_serializable()"
+                ) from None
+            raise ValueError(
+                f"{at} cannot be rebuilt from its config {_REBUILD}: {_FirstSentence(e)}; "
+                f"make {cls}.get_config() return every argument of __init__"
+            ) from None
+        configs.append(config)
+    return configs
 
 
 @keras.saving.register_keras_serializable(package="lingpipe")
@@ -93,7 +168,7 @@ class PipelinedSequential(model_base.PipelineModel):
         templates = keras_cell.KerasLayers(layers, where)
         if not templates:
             raise ValueError(f"{where}: expected at least one Keras layer, received none")
-        self._configs = [_Config(layer) for layer in templates]
+        self._configs = _Configs(templates, where)
         self._knobs = dict(
             num_stages=num_stages,
             num_micro_batches=num_micro_batches,
@@ -115,10 +190,10 @@ class PipelinedSequential(model_base.PipelineModel):
         for i, config in enumerate(self._configs):
             cells.append(
                 keras_cell.KerasCell.Params().Set(
-                    name=f"cell_{i}", layers=[config], input_shape=list(shape[1:])
+                    name=f"cell_{i}", layers=[copy.deepcopy(config)], input_shape=list(shape[1:])
                 )
             )
-            layer = keras.layers.deserialize(config)
+            layer = _Rebuilt(config)
             with tf.Graph().as_default():  # built for its output shape only
                 layer.build(shape)
                 shape = keras_cell.OutputShape(layer, shape)
@@ -154,5 +229,5 @@ class PipelinedSequential(model_base.PipelineModel):
     @classmethod
     def from_config(cls, config: dict) -> PipelinedSequential:
         config = cls._ArgsFromConfig(config)
-        layers = [keras.layers.deserialize(c) for c in config.pop("layers")]
+        layers = [_Rebuilt(c) for c in config.pop("layers")]
         return cls(layers, **config)

@@ -216,7 +216,7 @@ class PipeliningLayer(base_layer.BaseLayer):
                 micro = p.schedule.num_micro_batches
             elif generators.IsCsvPath(p.schedule):
                 try:
-                    micro = schedule.FromCsv(p.schedule).num_micro_batches
+                    micro = schedule.FromCsvFile(p.schedule, argument="schedule").num_micro_batches
                 except schedule.ScheduleError as e:
                     raise ValueError(f"{self.path}: {e}") from None
         return self.Schedule(micro)

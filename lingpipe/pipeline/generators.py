@@ -20,7 +20,7 @@ from lingpipe.pipeline.schedule import (
     BACKWARD_WEIGHT,
     FORWARD,
     Action,
-    FromCsv,
+    FromCsvFile,
     Schedule,
     ScheduleError,
 )
@@ -253,7 +253,7 @@ def Resolve(
 
     Args:
       spec: a name in SCHEDULES (built by Make with `num_virtual_stages`), a Schedule
-        value, or the path of a CSV file (FromCsv); those two carry their own stages
+        value, or the path of a CSV file (FromCsvFile); those two carry their own stages
         and placement.
 
     Raises:
@@ -265,7 +265,8 @@ def Resolve(
     if isinstance(spec, Schedule):
         sched, where = spec, f"Schedule {spec.name!r}"
     elif isinstance(spec, (str, os.PathLike)):
-        sched, where = FromCsv(spec, num_micro_batches), f"CSV file {os.fspath(spec)}"
+        sched = FromCsvFile(spec, num_micro_batches, argument="schedule")
+        where = f"CSV file {os.fspath(spec)}"
     else:
         raise ScheduleError(
             f"schedule: expected a name in {', '.join(SCHEDULES)}, a Schedule or the path of "
@@ -282,6 +283,7 @@ def Resolve(
 
 
 def IsCsvPath(spec: str | os.PathLike) -> bool:
-    """Whether `spec` names a CSV file (an existing file, or a name ending in .csv)."""
+    """Whether `spec` names a CSV file: no schedule's name, and a path where something
+    exists (a directory too, which FromCsvFile refuses saying so) or a name ending in .csv."""
     text = os.fspath(spec)
-    return os.path.isfile(text) or text.lower().endswith(".csv")
+    return text not in SCHEDULES and (os.path.exists(text) or text.lower().endswith(".csv"))

@@ -29,7 +29,8 @@ KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 
 
 class ScheduleError(ValueError):
-    """A schedule that cannot run: the message names the action and shows the grid."""
+    """A schedule that cannot run or be read: one line naming the action, or the file and
+    the argument that gave it."""
 
 
 class Action(NamedTuple):
@@ -141,22 +142,68 @@ def FromCsv(text_or_path: str | os.PathLike, num_micro_batches: int | None = Non
     Not validated against dependencies: simulate.Simulate does that.
 
     Args:
-      text_or_path: the CSV text, or the path of a file that holds it.
+      text_or_path: the CSV text, or the path of a file that holds it (anything that
+        exists there, or a one-line name ending in .csv; FromCsvFile).
       num_micro_batches: M when known; a cell naming micro-batch >= M is refused.
         None: one more than the largest micro-batch listed.
 
     Raises:
-      ScheduleError: a malformed cell (with its row, column and text), a stage on two
-        devices, a stage no row lists, or a micro-batch out of range.
+      ScheduleError: a file that cannot be read as text (FromCsvFile), a malformed cell
+        (with its row, column and text), a stage on two devices, a stage no row lists,
+        or a micro-batch out of range.
     """
     spec = os.fspath(text_or_path)
-    if os.path.isfile(spec):
-        with open(spec, encoding="utf-8") as f:
-            text, where, name = f.read(), f"file {spec}", os.path.basename(spec)
-    elif "\n" not in spec and "," not in spec and spec.strip().lower().endswith(".csv"):
-        raise ScheduleError(f"schedule CSV: no such file {spec!r}")
-    else:
-        text, where, name = spec, "text", "csv"
+    one_line = "\n" not in spec and "," not in spec
+    if os.path.exists(spec) or (one_line and spec.strip().lower().endswith(".csv")):
+        return FromCsvFile(spec, num_micro_batches, argument="text_or_path")
+    return _Parse(spec, "text", "csv", num_micro_batches)
+
+
+def FromCsvFile(
+    path: str | os.PathLike, num_micro_batches: int | None = None, argument: str = "path"
+) -> Schedule:
+    """FromCsv of the file at `path`, named after it.
+
+    Args:
+      argument: what gave the path (`--csv`, `schedule`), named in the errors.
+
+    Raises:
+      ScheduleError: as FromCsv; for a file that is missing, a directory, unreadable or
+        not UTF-8 text, one line `<argument>=<path>: <why>; expected ...`.
+    """
+    path = os.fspath(path)
+    text = _ReadText(path, argument)
+    return _Parse(text, f"file {path}", os.path.basename(path), num_micro_batches)
+
+
+def _ReadText(path: str, argument: str) -> str:
+    """The UTF-8 text of the file at `path` (a BOM dropped); ScheduleError if it has none."""
+    at = f"{argument}={path}"
+    expected = "expected a schedule CSV file (UTF-8 text, a row per device of cells such as 0F0)"
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise ScheduleError(f"{at}: no such file; {expected}") from None
+    except IsADirectoryError:
+        raise ScheduleError(f"{at}: it is a directory; {expected}") from None
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ScheduleError(f"{at}: cannot read it ({reason}); {expected}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ScheduleError(
+            f"{at}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); {expected}"
+        ) from None
+    if "\x00" in text:  # valid UTF-8, but no text editor writes it
+        where = len(text[: text.index("\x00")].encode("utf-8"))
+        raise ScheduleError(f"{at}: not text (byte 0x00 at offset {where}); {expected}")
+    return text.removeprefix("\ufeff")  # spreadsheets save UTF-8 CSV with a BOM
+
+
+def _Parse(text: str, where: str, name: str, num_micro_batches: int | None) -> Schedule:
+    """The schedule of CSV `text`; `where` ('text', 'file F') places it in messages."""
     rows = list(csv.reader(io.StringIO(text)))
     while rows and not any(c.strip() for c in rows[-1]):
         rows.pop()  # trailing blank lines are no devices

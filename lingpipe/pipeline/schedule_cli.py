@@ -4,16 +4,18 @@
     python -m lingpipe.pipeline.schedule --csv=my_schedule.csv --png=/tmp/plan.png
 
 prints simulate.Grid and simulate.Figures under the default costs (F = I = W = 1, B = 2),
-which has a line `bubble N.N%`. A schedule that cannot run exits with status 2 and says
-which action and why.
+which has a line `bubble N.N%`. A schedule that cannot run, or a --csv file that cannot
+be read, exits with status 2 and one line on stderr that says which action or file and
+why.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from lingpipe.pipeline import generators, simulate
-from lingpipe.pipeline.schedule import FromCsv, ScheduleError
+from lingpipe.pipeline.schedule import FromCsvFile, ScheduleError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,10 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     counts = args.num_stages, args.num_micro_batches, args.num_virtual_stages
     try:
-        sched = FromCsv(args.csv) if args.csv else generators.Make(args.schedule, *counts)
+        if args.csv:
+            sched = FromCsvFile(args.csv, argument="--csv")
+        else:
+            sched = generators.Make(args.schedule, *counts)
         sim = simulate.Simulate(sched)
-    except (ScheduleError, OSError) as e:
-        print(f"lingpipe.pipeline.schedule: error: {e}")
+    except ScheduleError as e:
+        print(f"lingpipe.pipeline.schedule: error: {e}", file=sys.stderr)
         return 2
     print(simulate.Grid(sched, sim), simulate.Figures(sched, sim), sep="\n\n")
     if args.list:

@@ -9,10 +9,10 @@ and the actions it needs are done:
     W s m   needs I s m
 
 `Simulate` rejects a schedule that is malformed (an action on a device that does not hold
-its stage, a micro-batch run twice or never) or that can deadlock, naming the first action
-that cannot run and showing the grid up to there. A forward-only schedule (no B, I or W at
-all) is valid: evaluation runs one. Costs are per kind, in time units: by default 1 for F,
-I and W, and 2 for a whole backward B.
+its stage, a micro-batch run twice or never) or that can deadlock, in one line naming each
+device's next action, what it waits for, and where that is (blocked, or listed later).
+A forward-only schedule (no B, I or W at all) is valid: evaluation runs one. Costs are
+per kind, in time units: by default 1 for F, I and W, and 2 for a whole backward B.
 """
 
 from __future__ import annotations
@@ -120,31 +120,50 @@ def Simulate(s: Schedule, costs: dict[str, float] | None = None) -> Simulation:
     free = [0.0] * s.num_devices
     heads = [0] * s.num_devices
     while len(end) < len(listed):  # _CheckStructure: no action is listed twice
-        ran, blocked = len(end), []
+        ran = len(end)
         for d, acts in enumerate(s.device_actions):
             while heads[d] < len(acts):
                 a = acts[heads[d]]
                 deps = Dependencies(s, a, listed)
-                missing = [str(x) for x in deps if x not in end]
-                if missing:
-                    blocked.append(f"device {d}'s next action {a} waits for {', '.join(missing)}")
+                if any(x not in end for x in deps):
                     break
                 start[a] = max([free[d]] + [end[x] for x in deps])
                 end[a] = free[d] = start[a] + costs[a.kind]
                 heads[d] += 1
-        if len(end) == ran:  # nothing ran: `blocked` has every unfinished device
-            partial = Simulation(start, end, max(end.values(), default=0.0), [], [], [])
-            raise ScheduleError(
-                f"schedule {s.name!r} deadlocks: {blocked[0]}, which can never run before it"
-                + "".join(f"; {b}" for b in blocked[1:])
-                + f". What ran:\n{Grid(s, partial)}"
-            )
+        if len(end) == ran:  # nothing ran: every unfinished device waits
+            raise ScheduleError(_Deadlock(s, heads, end, len(listed)))
     makespan = max(end.values(), default=0.0)
     busy = [sum(costs[a.kind] for a in acts) for acts in s.device_actions]
     idle = [1.0 - b / makespan if makespan else 0.0 for b in busy]
     order = sorted(start, key=lambda a: (start[a], s.DeviceOf(a.stage)))  # stable: ties as run
     peaks, device_peaks = _PeakAlive(s, start, end)
     return Simulation(start, end, makespan, idle, peaks, order, device_peaks)
+
+
+def _Deadlock(s: Schedule, heads: list[int], end: dict[Action, float], total: int) -> str:
+    """One line: each device's next action, what it waits for and where that is."""
+    blocked = []
+    for d, acts in enumerate(s.device_actions):
+        if heads[d] == len(acts):
+            continue
+        a = acts[heads[d]]
+        waits = []
+        for x in Dependencies(s, a, set(itertools.chain(*s.device_actions))):
+            if x in end:
+                continue
+            e = s.DeviceOf(x.stage)
+            position = s.device_actions[e].index(x)  # _CheckStructure: x is listed once
+            if position == heads[e]:
+                where = f"blocked, next on device {e}"
+            else:
+                where = "listed after it" if e == d else f"listed later on device {e}"
+            waits.append(f"{x} ({where})")
+        blocked.append(f"device {d}'s next action {a} waits for {', '.join(waits)}")
+    return (
+        f"schedule {s.name!r} deadlocks after {len(end)} of {total} actions: "
+        + "; ".join(blocked)
+        + "; expected each action after those it waits for"
+    )
 
 
 def LastAction(stage: int, m: int, end: dict) -> Action:
@@ -178,7 +197,7 @@ def Grid(s: Schedule, sim: Simulation) -> str:
     width = max([len(a.kind + s.Label(a)) for acts in s.device_actions for a in acts] + [2])
     slots = round(sim.makespan)
     rows = [["."] * slots for _ in range(s.num_devices)]
-    for a in sim.start:  # every action that ran (a deadlocked schedule's too)
+    for a in sim.start:
         t0, t1 = round(sim.start[a]), round(sim.end[a])
         for t in range(t0, min(t1, slots)):
             rows[s.DeviceOf(a.stage)][t] = a.kind + s.Label(a) if t == t0 else "~"

@@ -21,31 +21,28 @@ that list without writing. The writer also removes the `ckpt-N_temp*` leftovers 
 run killed while saving. A checkpoint that cannot be written (full disk, no
 permission) raises `CheckpointError` naming the path and the reason.
 
-A logdir's name may hold `[`, `]`, `*` or `?` (`runs/lr[0.1]`): TensorFlow's
-checkpoint readers take a path as a glob, so the files are listed here, never
-globbed, and a checkpoint under such a directory is read through a symlink whose
-path has none of them (`ReadablePath`; local paths; `startup.CheckLogdir` refuses
-such names for other file systems).
+A directory whose path holds `[`, `]`, `*`, `?` or `\\` is refused (ValueError):
+TensorFlow takes checkpoint paths as globs, so its own readers would find nothing
+under `runs/lr[0.1]`, and its `CheckpointManager` would delete other runs'
+checkpoints under `runs/lr?` (`glob_paths`; the trainer refuses such a `--logdir`
+before it writes anything). The files are listed here all the same, never globbed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging as py_logging
 import os
 import re
-import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
+from lingpipe import glob_paths
+
 STATE_FILE = "checkpoint"
 _INDEX = re.compile(r"ckpt-(\d+)\.index$")
 _TEMP = re.compile(r"ckpt-\d+_temp")
-# Characters that TensorFlow's GetMatchingPaths reads as a pattern.
-GLOB_CHARS = re.compile(r"[][*?\\]")
 
 
 class CheckpointError(RuntimeError):
@@ -83,24 +80,6 @@ def FindCheckpoints(directory: str) -> list[str]:
     return sorted(found, key=_Step)
 
 
-@contextlib.contextmanager
-def ReadablePath(path: str) -> Iterator[str]:
-    """`path` (a checkpoint's prefix) as TensorFlow's readers can take it, while entered.
-
-    They read the path as a glob, so one whose directory's name holds `[`, `]`, `*` or
-    `?` matches nothing; it is read through a symlink to its directory from a
-    temporary directory instead (local paths; others are returned as they are).
-    """
-    directory, name = os.path.split(path)
-    if not GLOB_CHARS.search(directory) or "://" in directory:
-        yield path
-        return
-    with tempfile.TemporaryDirectory(prefix="lingpipe-ckpt-") as tmp:
-        alias = os.path.join(tmp, "checkpoints")
-        os.symlink(os.path.abspath(directory), alias)
-        yield os.path.join(alias, name)
-
-
 def _ListedCheckpoints(directory: str) -> tuple[list[str] | None, str]:
     """The checkpoints the state file lists, or None and why it cannot be trusted."""
     state_path = os.path.join(directory, STATE_FILE)
@@ -126,11 +105,16 @@ class Checkpointer:
       directory: where the checkpoints go (created on the first save).
       max_to_keep: how many of the newest checkpoints to keep.
       **objects: the trackables to save, e.g. task=..., global_step=...
+
+    Raises:
+      ValueError: `directory` holds a character TensorFlow reads as a glob.
     """
 
     def __init__(
         self, directory: str, max_to_keep: int = 5, writable: bool = True, **objects: Any
     ) -> None:
+        if problem := glob_paths.Refusal(directory, f"Checkpointer: directory={directory}"):
+            raise ValueError(problem)
         self._directory = directory
         self._writable = writable
         logging.get_absl_logger().addFilter(_SHARDING_FILTER)
@@ -218,9 +202,8 @@ class Checkpointer:
         failures = []
         for path in candidates:
             try:
-                with ReadablePath(path) as readable:
-                    status = self._checkpoint.restore(readable)
-                    status.assert_existing_objects_matched()
+                status = self._checkpoint.restore(path)
+                status.assert_existing_objects_matched()
                 if partial:
                     status.expect_partial()
             except Exception as e:  # noqa: BLE001 (any unreadable checkpoint means: try the next)
@@ -251,17 +234,6 @@ class Checkpointer:
             )
         return None
 
-    def _RemoveDropped(self) -> None:
-        """Removes the files of checkpoints the manager no longer keeps, where it could not:
-        it finds them by glob, which matches nothing in a directory named like a glob."""
-        if not GLOB_CHARS.search(self._directory):
-            return
-        kept = {os.path.basename(p) for p in self._manager.checkpoints}
-        for name in _ListDir(self._directory):
-            match = re.match(r"(ckpt-\d+)\.(index|data-)", name)
-            if match and match.group(1) not in kept:
-                tf.io.gfile.remove(os.path.join(self._directory, name))
-
     def Save(self, step: int) -> str:
         """Writes checkpoint ckpt-<step>; returns its path.
 
@@ -271,9 +243,7 @@ class Checkpointer:
         if not self._writable:
             raise ValueError(f"Checkpointer({self._directory}): Save on a read-only checkpointer")
         try:
-            path = self._manager.save(checkpoint_number=step)
-            self._RemoveDropped()
-            return path
+            return self._manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as e:
             reason = getattr(e, "message", None) or getattr(e, "strerror", None) or str(e)
             raise CheckpointError(
@@ -299,6 +269,5 @@ def RestoreLatest(directory: str, tasks: list) -> int | None:
 
 def ReadTasks(path: str, tasks: list) -> None:
     """Reads the task of checkpoint `path` into each of `tasks` (copies of one task)."""
-    with ReadablePath(path) as readable:
-        for task in tasks:
-            tf.train.Checkpoint(task=task).read(readable).expect_partial()
+    for task in tasks:
+        tf.train.Checkpoint(task=task).read(path).expect_partial()

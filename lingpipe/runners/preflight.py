@@ -15,8 +15,9 @@ builds the inputs the mode reads and the evaluators, and checks:
 - in `--mode=eval`, that there is a checkpoint to evaluate;
 - that no file the run writes in the logdir is in the way (`params.txt` that is a
   directory, `checkpoints` that is a file);
-- in `--mode=export`, that the export directory is no file, lies under none, and
-  holds nothing but an earlier export (it is never written beside other files).
+- in `--mode=export`, that the export directory is no file, lies under none, holds
+  nothing but an earlier export (it is never written beside other files), and that
+  `--export_dir` has no character TensorFlow's loaders read as a glob (`glob_paths`).
 
 Every failure is a `startup.UsageError` (the trainer prints one line and exits with
 status 2), raised before the first byte reaches the logdir.
@@ -32,9 +33,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from lingpipe import hyperparams
+from lingpipe import glob_paths, hyperparams
 from lingpipe.nested_map import NestedMap
-from lingpipe.runners import checkpointer, rundir, startup, strategies
+from lingpipe.runners import rundir, startup, strategies
 
 CHECKPOINT_SUBDIR = "checkpoints"
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -69,6 +70,8 @@ def Prepare(
         file or directory is in the way of what the run writes.
     """
     if mode == "export" and export_dir:
+        if problem := glob_paths.Refusal(export_dir, f"--export_dir={export_dir}", "--export_dir"):
+            raise startup.UsageError(problem)
         CheckExportDir(export_dir, f"--export_dir={export_dir}")
     if mode != "export":
         CheckRunFiles(logdir, [d.lower() for d in resolved.eval_datasets])
@@ -179,8 +182,7 @@ def CheckpointVariables(path: str) -> dict[str, list[int]] | None:
     """{key: shape} of the task's variables (not the optimizer's) in checkpoint `path`;
     None if it cannot be read (the checkpointer then falls back or says why)."""
     try:
-        with checkpointer.ReadablePath(path) as readable:
-            shapes = tf.train.load_checkpoint(readable).get_variable_to_shape_map()
+        shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
     except (tf.errors.OpError, ValueError):
         return None
     return {

@@ -18,7 +18,7 @@ import dataclasses
 import os
 import uuid
 
-from lingpipe import hyperparams, model_registry
+from lingpipe import glob_paths, hyperparams, model_registry
 
 PARAMS_FILE = "params.txt"
 PARAMS_DIFF_FILE = "params_diff.txt"
@@ -214,6 +214,8 @@ def ResolveParams(key: str, overrides: Overrides) -> ResolvedParams:
                 "schedule to set"
             )
         p.schedule = overrides.schedule
+        if generators.IsCsvPath(overrides.schedule):
+            _CheckScheduleFile(overrides.schedule)
     if overrides.seed is not None:
         if isinstance(overrides.seed, bool) or overrides.seed < 0:
             raise UsageError(f"--seed: expected an integer >= 0, received {overrides.seed!r}")
@@ -227,6 +229,20 @@ def ResolveParams(key: str, overrides: Overrides) -> ResolvedParams:
         eval_datasets=[d for d in datasets if d != "Train"],
         overrides=overrides,
     )
+
+
+def _CheckScheduleFile(path: str) -> None:
+    """Reads and simulates --schedule's CSV file, so that one that cannot be read or run
+    is refused naming the flag (the pipeline checks it again against its K and M)."""
+    from lingpipe.pipeline import schedule, simulate
+
+    try:
+        simulate.Simulate(schedule.FromCsvFile(path, argument="--schedule"))
+    except schedule.ScheduleError as e:
+        message = str(e)
+        if not message.startswith("--schedule="):
+            message = f"--schedule={path}: {message}"
+        raise UsageError(message) from None
 
 
 def IsUrl(path: str) -> bool:
@@ -243,19 +259,17 @@ def CheckLogdir(logdir: str) -> str:
     everything else has been checked).
 
     Raises:
-      UsageError: the path is empty, is a file, lies under a file, or its file
-        system cannot be reached.
+      UsageError: the path is empty, holds characters TensorFlow reads as a glob
+        (`glob_paths`), is a file, lies under a file, or its file system cannot be
+        reached.
     """
     if not logdir:
         raise UsageError(
             "--logdir: expected a directory for checkpoints and summaries, received ''"
         )
+    if problem := glob_paths.Refusal(logdir, f"--logdir={logdir}", flag="--logdir"):
+        raise UsageError(problem)
     if IsUrl(logdir):
-        if any(c in logdir for c in "[]*?"):
-            raise UsageError(
-                f"--logdir={logdir}: expected a URL without '[', ']', '*' or '?' (TensorFlow "
-                "reads checkpoint paths as globs; only a local logdir may hold them)"
-            )
         _CheckIsNoFile(logdir.rstrip("/"), logdir)
         return logdir.rstrip("/")
     path = os.path.abspath(os.path.expanduser(logdir))

@@ -179,3 +179,84 @@ def test_a_registered_custom_layer_trains():
         m.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     test_utils.AssertAllClose(model.get_weights(), ref.get_weights(), rtol=1e-5, atol=1e-6)
     assert not np.allclose(model.pipeline_layers[1].scale.numpy(), 1.0)  # it did train
+
+
+class Unregistered(keras.layers.Layer):
+    """A custom layer nobody registered with Keras."""
+
+    def call(self, inputs):
+        return inputs
+
+
+@keras.saving.register_keras_serializable(package="lingpipe_test")
+class TakesTable(keras.layers.Layer):
+    """Registered, but made with an argument Keras cannot serialize."""
+
+    def __init__(self, table=None, **kwargs):
+        super().__init__(**kwargs)
+        self.table = table
+
+    def call(self, inputs):
+        return inputs
+
+
+@keras.saving.register_keras_serializable(package="lingpipe_test")
+class NeedsUnits(keras.layers.Layer):
+    """Registered, but its get_config leaves out an argument of __init__."""
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+
+    def get_config(self):
+        return {"name": self.name}
+
+    def call(self, inputs):
+        return inputs
+
+
+REBUILD = "(each stage builds its layers from their configs)"
+
+
+@pytest.mark.parametrize(
+    "layer, message",
+    [
+        (
+            lambda: keras.layers.Lambda(lambda x: 2 * x, name="double"),
+            "layers[1] is a Lambda layer ('double') of Python code, which Keras' safe mode "
+            f"refuses to rebuild from its config {REBUILD}; write a small custom layer "
+            "instead, decorated with @keras.saving.register_keras_serializable()",
+        ),
+        (
+            lambda: Unregistered(name="mine"),
+            "layers[1] (Unregistered 'mine') is of a class Keras cannot find by name, so no "
+            f"stage can rebuild it from its config {REBUILD}; decorate Unregistered with "
+            "@keras.saving.register_keras_serializable()",
+        ),
+        (
+            lambda: TakesTable(table=object(), name="table"),
+            "layers[1] (TakesTable 'table') cannot be serialized: it was made with __init__ "
+            f"arguments Keras cannot serialize {REBUILD}; give TakesTable a get_config() that "
+            "returns them as plain values",
+        ),
+        (
+            lambda: NeedsUnits(3, name="units"),
+            "layers[1] (NeedsUnits 'units') cannot be rebuilt from its config "
+            f"{REBUILD}: NeedsUnits.__init__() missing 1 required positional argument: "
+            "'units'; make NeedsUnits.get_config() return every argument of __init__",
+        ),
+    ],
+    ids=["lambda", "unregistered", "not_serializable", "incomplete_config"],
+)
+def test_a_layer_keras_cannot_rebuild_is_refused_by_the_constructor(layer, message):
+    # Without input_shape nothing is built before fit: the refusal must not wait for it.
+    with pytest.raises(ValueError) as refused:
+        lpk.PipelinedSequential([keras.layers.Dense(4), layer()], num_stages=2, name="pipe")
+    assert str(refused.value) == f"PipelinedSequential 'pipe': {message}"
+
+
+def test_a_lambda_of_a_keras_function_is_rebuilt_and_runs():
+    # Keras serializes keras.activations.relu by name, and safe mode rebuilds it.
+    layers = [keras.layers.Dense(4), keras.layers.Lambda(keras.activations.relu)]
+    model = lpk.PipelinedSequential(layers, num_stages=2, input_shape=(5,), devices=DEVICES[:2])
+    assert model.predict(_Data()[0], verbose=0).min() >= 0.0

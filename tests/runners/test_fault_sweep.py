@@ -1,7 +1,7 @@
 """The last failures of issue 21's fault sweep, each reproduced: a stale-lock takeover
-race, logdirs named like globs, a hung stage host, signals before the first step, bad
-params that once got tracebacks, and weak behaviour (see README, "What a run does
-when things go wrong")."""
+race, a hung stage host, signals before the first step, bad params that once got
+tracebacks, and weak behaviour (see README, "What a run does when things go wrong");
+logdirs named like globs are in test_glob_paths.py."""
 
 import json
 import multiprocessing
@@ -70,52 +70,6 @@ def test_two_processes_never_both_take_over_a_stale_lock(tmp_path):
         for p in procs:
             p.join(timeout=30)
     assert not both, f"both processes took the lock in {len(both)} of {_TRIALS} trials"
-
-
-def test_a_logdir_named_like_a_glob_resumes_recovers_and_evaluates(tmp_path):
-    from test_run_safety import _Trainer
-
-    from lingpipe.runners import checkpointer, preflight
-
-    logdir = str(tmp_path / "lr[0.1]*?")
-    trainer, _ = _Trainer(logdir, 4)
-    trainer.Train()
-    ckpt_dir = f"{logdir}/checkpoints"
-    assert checkpointer.FindCheckpoints(ckpt_dir) == [f"{ckpt_dir}/ckpt-2", f"{ckpt_dir}/ckpt-4"]
-    resumed, task = _Trainer(logdir, 6)
-    assert resumed.checkpointer.Restore() == f"{ckpt_dir}/ckpt-4"
-    assert resumed.global_step == 4
-    assert preflight.CheckCheckpoint(ckpt_dir, task, logdir) == f"{ckpt_dir}/ckpt-4"
-    assert checkpointer.RestoreLatest(ckpt_dir, [task]) == 4
-    # Without the state file the checkpoints are found from their files, not restarted.
-    os.remove(f"{ckpt_dir}/checkpoint")
-    again, _ = _Trainer(logdir, 6)
-    again.Train()
-    assert again.global_step == 6
-    assert checkpointer.FindCheckpoints(ckpt_dir)[-2:] == [
-        f"{ckpt_dir}/ckpt-4",
-        f"{ckpt_dir}/ckpt-6",
-    ]
-
-
-def test_a_glob_named_checkpoint_dir_keeps_only_max_to_keep_and_urls_are_refused(tmp_path):
-    import tensorflow as tf
-
-    from lingpipe.runners import checkpointer, startup
-
-    directory = str(tmp_path / "run[1]" / "checkpoints")
-    ckpt = checkpointer.Checkpointer(directory, max_to_keep=2, v=tf.Variable(1.0))
-    for step in (1, 2, 3):
-        ckpt.Save(step)
-    assert sorted(os.listdir(directory)) == [
-        "checkpoint",
-        "ckpt-2.data-00000-of-00001",
-        "ckpt-2.index",
-        "ckpt-3.data-00000-of-00001",
-        "ckpt-3.index",
-    ]
-    with pytest.raises(startup.UsageError, match=r"--logdir=ram://runs/lr\[0.1\]: expected a URL"):
-        startup.CheckLogdir("ram://runs/lr[0.1]")
 
 
 @pytest.mark.parametrize(
@@ -576,17 +530,6 @@ def test_a_negative_step_timeout_is_refused(capsys, tmp_path):
     _AssertRefused(
         status, lines, "--step_timeout_s: expected seconds >= 0 (0: no limit), received -1"
     )
-
-
-def test_eval_and_export_of_a_glob_named_logdir(capsys, tmp_path):
-    logdir = tmp_path / "lr[0.1]"
-    _SaveOneCheckpoint(logdir)
-    status, lines = _Main(capsys, f"--logdir={logdir}", "--mode=eval")
-    assert status == 0, lines
-    assert json.loads((logdir / "eval_dev.json").read_text())["step"] == 1
-    status, lines = _Main(capsys, f"--logdir={logdir}", "--mode=export")
-    assert status == 0, lines
-    assert (logdir / "export" / "1" / "saved_model.pb").exists()
 
 
 def _MainWhileOneCallHangs(capsys, monkeypatch, patch, *flags):

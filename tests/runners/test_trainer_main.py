@@ -78,6 +78,19 @@ def test_bad_input_is_refused_before_anything_is_written(capsys, tmp_path, flags
     assert not logdir.exists()
 
 
+def test_an_unreadable_schedule_file_is_refused_naming_the_flag(capsys, tmp_path):
+    path = tmp_path / "binary.csv"
+    path.write_bytes(bytes(range(256)))  # Python's own words were only: 'utf-8' codec ...
+    status, lines = Main(capsys, f"--logdir={tmp_path / 'run'}", f"--schedule={path}")
+    _AssertRefused(
+        status,
+        lines,
+        f"lingpipe.trainer: error: --schedule={path}: not UTF-8 text (byte 0x80 at offset "
+        "128); expected a schedule CSV file (UTF-8 text, a row per device of cells such as 0F0)",
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_checkpoint_of_another_model_is_refused_saying_what_changed(capsys, tmp_path):
     logdir = tmp_path / "run"
     ckpt_dir = str(logdir / "checkpoints")
