@@ -27,6 +27,7 @@ layers not registered with `keras.saving.register_keras_serializable`.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -89,7 +90,8 @@ def _Deserialize(configs: Any, where: str) -> list:
                 f"as keras.layers.serialize(layer) gives, received {config!r:.120}"
             )
         try:
-            layer = keras.layers.deserialize(config)
+            # A copy: Keras' Lambda.from_config rewrites the config it is given.
+            layer = keras.layers.deserialize(copy.deepcopy(config))
         except Exception as e:  # Keras raises TypeError, ValueError and others
             raise ValueError(
                 f"{where}: layers[{i}] (class_name={config['class_name']!r}) cannot be "

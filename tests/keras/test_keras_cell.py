@@ -132,3 +132,14 @@ def test_errors_name_what_was_received_and_expected():
         bn.Set(name="bn").Instantiate()
     with pytest.raises(ValueError, match=r"input_shape.* received input_shape=None"):
         keras_cell.KerasCell.Params().Set(name="k", layers=_Cells()[0].layers).Instantiate()
+
+
+def test_a_lambda_of_a_keras_function_builds_after_its_flops_were_counted():
+    # Keras' Lambda.from_config rewrites the config it is given: the second rebuild of
+    # the same params (FPropMeta, then the cell) failed before each rebuild took a copy.
+    p = keras_cell.KerasCell.FromKeras(
+        [keras.layers.Dense(4), keras.layers.Lambda(keras.activations.relu)], input_shape=[3]
+    )
+    assert keras_cell.KerasCell.FPropMeta(p, [2, 3]).flops > 0
+    cell = p.Set(name="cell").Instantiate()
+    assert cell(tf.ones([2, 3])).shape == (2, 4)
