@@ -331,10 +331,9 @@ class GraphPipeline:
         layers' losses included.
         """
         flat = self._FlatInputs(inputs)
-        sizes = self._Sizes(flat)
         if base_layer.DoEval():
-            outputs, _ = self._driver.Forward(self._Stages(theta, False, None), flat, sizes)
-            return self._PackOutputs(outputs)
+            return self._Inference(theta, flat)
+        sizes = self._Sizes(flat)
         states: dict = {}
         outputs = self._driver.Differentiable(
             list(tf.nest.flatten(theta)),
@@ -344,6 +343,28 @@ class GraphPipeline:
             lambda weights, result: self._SumGradients(result.weight_grads),
         )
         self._ApplyStates(states)
+        return self._PackOutputs(outputs)
+
+    def _Inference(self, theta: list, flat: tuple) -> tuple[Any, Any]:
+        """The forward-only pipeline, for a batch of any size: one smaller than M (the
+        last batch of predict or evaluate) is padded to M rows by repeating its last row,
+        so each micro-batch holds one row and the real rows are micro-batches 0..b-1,
+        and the outputs are cut back to the real rows. Rows do not meet in inference, so
+        this is the plain model's result, the layers' per-row losses included."""
+        m = self._num_micro_batches
+        batch = micro_batch.BatchSize(flat, 0, self._where)
+        if isinstance(batch, int) and batch >= m:
+            outputs, _ = self._driver.Forward(
+                self._Stages(theta, False, None), flat, self._Sizes(flat)
+            )
+            return self._PackOutputs(outputs)
+        with tf.device(self._devices[0]), tf.name_scope("pad_to_micro_batches"):
+            rows = tf.minimum(tf.range(tf.maximum(batch, m)), batch - 1)
+            padded = tuple(tf.gather(x, rows) for x in flat)
+        stages = self._Stages(theta, False, None)
+        outputs, _ = self._driver.Forward(stages, padded, self._Sizes(padded))
+        with tf.device(self._driver.last_device), tf.name_scope("unpad"):
+            outputs = tf.nest.map_structure(lambda t: t[:batch], outputs)
         return self._PackOutputs(outputs)
 
     def _SumGradients(self, weight_grads: list[list]) -> list:

@@ -28,8 +28,8 @@ What this class gives:
     valid entries for a masked output), so the step's loss and gradients are those
     of the whole batch; under mixed_float16 the backward starts from the loss scaled
     as the LossScaleOptimizer scales it; metrics on the merged predictions (masks too).
-  - a last batch smaller than num_micro_batches: one line before fit, evaluate or
-    predict starts, when the data are arrays.
+  - a training batch smaller than num_micro_batches: one line before fit starts, when
+    the data are arrays (evaluate and predict take batches of any size).
   - `compile(jit_compile=True)` is refused (XLA cannot span the stages' devices).
   - `export`, `tf.saved_model.save`: a serving function of the inputs' spec.
   - `summary()` adds a table of the stages: device, layers, parameters.
@@ -263,11 +263,26 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         pipeline = self._pipeline
         with base_layer.EvalMode(not training):
             if not hasattr(pipeline, "FPropWithLosses"):
-                return pipeline.FProp(pipeline.theta, inputs)
+                return (
+                    self._AnyBatch(inputs)
+                    if not training
+                    else pipeline.FProp(pipeline.theta, inputs)
+                )
             outputs, layer_loss = pipeline.FPropWithLosses(pipeline.theta, inputs)
         if layer_loss is not None:
             self.add_loss(layer_loss)
         return outputs
+
+    def _AnyBatch(self, inputs: Any) -> Any:
+        """The pipeline's inference on a batch of any size: one smaller than M (predict's
+        or evaluate's last batch) is padded to M rows by repeating its last row and the
+        outputs are cut back (rows do not meet in inference: the plain model's result)."""
+        pipeline, m = self._pipeline, self._knobs["num_micro_batches"]
+        batch = tf.shape(tree.flatten(inputs)[0])[0]
+        rows = tf.minimum(tf.range(tf.maximum(batch, m)), batch - 1)
+        padded = tree.map_structure(lambda x: tf.gather(x, rows), inputs)
+        outputs = pipeline.FProp(pipeline.theta, padded)
+        return tree.map_structure(lambda t: t[:batch], outputs)
 
     def _Gradients(self, out: NestedMap) -> list:
         """The gradient of each of self.trainable_weights from ForwardBackward's result."""
@@ -398,21 +413,18 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
             self._DropTracedFunctions()
             raise
 
-    def _CheckLastBatches(self, run: str, args: tuple, kwargs: dict) -> None:
-        """Before any work: arrays whose last batch (or validation_split's) would hold
-        fewer rows than num_micro_batches are one ValueError line saying what to change.
-        (A tf.data dataset's batches are only known as they come: checked at run time.)"""
-        method = getattr(keras.Model, run)
-        bound = inspect.signature(method).bind(self, *args, **kwargs).arguments
+    def _CheckFitBatches(self, args: tuple, kwargs: dict) -> None:
+        """Before any work: arrays whose training batches would hold fewer rows than
+        num_micro_batches are one ValueError line saying what to change. (A tf.data
+        dataset's batches are only known as they come: checked at run time. evaluate
+        and predict take batches of any size.)"""
+        bound = inspect.signature(keras.Model.fit).bind(self, *args, **kwargs).arguments
         leaves = tree.flatten(bound.get("x"))
         if not leaves or not all(isinstance(v, (np.ndarray, tf.Tensor)) for v in leaves):
             return
         rows, batch = int(leaves[0].shape[0]), bound.get("batch_size") or 32
         split = bound.get("validation_split") or 0.0
-        parts = {f"{run}'s": rows}
-        if run == "fit" and split:
-            train = int(math.ceil(rows * (1.0 - split)))
-            parts = {"fit's": train, "validation_split's": rows - train}
+        parts = {"fit's": int(math.ceil(rows * (1.0 - split))) if split else rows}
         needed = self._knobs["num_micro_batches"]
         for what, n in parts.items():
             first, last = min(batch, n), n % batch
@@ -432,15 +444,13 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
             )
 
     def fit(self, *args: Any, **kwargs: Any) -> Any:
-        self._CheckLastBatches("fit", args, kwargs)
+        self._CheckFitBatches(args, kwargs)
         return self._Guarded(super().fit, *args, **kwargs)
 
     def evaluate(self, *args: Any, **kwargs: Any) -> Any:
-        self._CheckLastBatches("evaluate", args, kwargs)
         return self._Guarded(super().evaluate, *args, **kwargs)
 
     def predict(self, *args: Any, **kwargs: Any) -> Any:
-        self._CheckLastBatches("predict", args, kwargs)
         return self._Guarded(super().predict, *args, **kwargs)
 
     def _ServingSignature(self) -> list:

@@ -153,6 +153,7 @@ class Feature:
     tolerance: float = 1e-5
     policy: str = "float32"
     num_micro_batches: int = 2
+    eval_batch: int = 16  # evaluate's and predict's batch size
 
 
 def _Sgd(**kwargs: Any) -> Callable[[], dict]:
@@ -297,6 +298,14 @@ FEATURES: dict[str, Feature] = {
         fit=lambda: dict(validation_split=0.25),
         num_micro_batches=4,
     ),
+    "evaluate and predict with a last batch smaller than M": Feature(
+        DenseModel,
+        _Sgd(),
+        lambda: DenseData(36),
+        num_micro_batches=4,
+        eval_batch=7,  # 36 rows: five batches of 7, then one of 1 row
+        sequential=True,
+    ),
 }
 
 
@@ -372,10 +381,13 @@ def Compare(feature: Feature, schedule: str, front: str = "Pipeline") -> dict[st
             "history": max(_Relative(histories[1][k], histories[0][k]) for k in histories[0]),
         }
         if batched:
-            evaluate = dict(verbose=0, batch_size=16, return_dict=True)
+            evaluate = dict(verbose=0, batch_size=feature.eval_batch, return_dict=True)
             ev = [_ByName(m.evaluate(args["x"], args.get("y"), **evaluate)) for m in (plain, piped)]
             figures["evaluate"] = max(_Relative(ev[1][k], ev[0][k]) for k in ev[0])
-            pred = [m.predict(args["x"], batch_size=16, verbose=0) for m in (plain, piped)]
+            pred = [
+                m.predict(args["x"], batch_size=feature.eval_batch, verbose=0)
+                for m in (plain, piped)
+            ]
             figures["predict"] = _Relative(pred[1], pred[0])
         return figures
     finally:
@@ -417,9 +429,9 @@ def Refuse(what: str) -> None:
                 return x
 
         lpk.PipelinedSequential([Subclassed()], 2, 2, input_shape=(8,))
-    elif what == "a last batch smaller than num_micro_batches":
+    elif what == "a fit batch smaller than num_micro_batches":
         _FitTwoSteps(lpk.Pipeline(DenseModel(), 2, 4), DenseData(ROWS + 1))
-    elif what == "a tf.data batch smaller than num_micro_batches":
+    elif what == "a tf.data fit batch smaller than num_micro_batches":
         import tensorflow as tf
 
         x, y = DenseData(ROWS + 1)
@@ -446,13 +458,13 @@ REFUSALS: dict[str, tuple[type, str]] = {
         TypeError,
         r"received a subclassed keras.Model .* pass model.layers",
     ),
-    "a last batch smaller than num_micro_batches": (
+    "a fit batch smaller than num_micro_batches": (
         ValueError,
         r"fit's last batch would hold 1 rows \(33 rows in batches of 16\), fewer than "
         r"num_micro_batches=4",
     ),
     # Known only when that batch comes (at the end of the epoch): the model named once.
-    "a tf.data batch smaller than num_micro_batches": (
+    "a tf.data fit batch smaller than num_micro_batches": (
         ValueError,
         r"^Pipeline '[\w]+': batch 1 is smaller than num_micro_batches=4; give batches of "
         r"at least 4 rows",
