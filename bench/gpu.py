@@ -111,6 +111,9 @@ class Runner:
         # `python -m lingpipe.plan` imports this checkout's lingpipe, as the scripts do.
         path = [ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         self.env["PYTHONPATH"] = os.pathsep.join(path)
+        if smoke:  # Its XLA clusters only need to run: compile them without LLVM's passes.
+            flags = [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]
+            self.env["XLA_FLAGS"] = " ".join(filter(None, flags))
 
     def Deadline(self, part: str) -> float:
         limit = BUDGETS[self.mode].get(part)
