@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+import tensorflow as tf
 
 from bench import gpu
 
@@ -106,3 +107,15 @@ def test_the_planner_section_runs_a_planner_that_exists(tmp_path, monkeypatch):
     assert gpu.Planner(gpu.Runner(smoke=True), "no_such_planner.plan")["skipped"].startswith(
         "no_such_planner.plan does not exist yet"
     )
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="a GPU is visible")
+def test_without_a_gpu_it_says_so_in_one_line_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "gpu.json"
+    assert gpu.main([f"--out={out}", "--sections=planner"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "bench/gpu.py: no GPU visible to TensorFlow (tf.config.list_physical_devices('GPU') "
+        "is empty); it measures on a GPU, and --smoke runs its code paths on CPU"
+    )
+    assert not out.exists()
