@@ -245,12 +245,13 @@ def Speed(smoke: bool, budget_s: float) -> None:
         rows[name]["bubble"] = (
             0.0 if plain else simulate.Simulate(generators.Make(name, k, m)).bubble
         )
-    ms = TimeSideBySide(steps, cfg["steps"], budget_s)
-    for name, row in rows.items():
-        if name in ms:
-            row["ms"] = ms[name]
-            row["vs_plain"] = ms[name] / ms["plain"] if "plain" in ms else None
-            budget.Emit("row", **row)
+
+    def Report(ms: dict[str, float], rounds: dict[str, int]) -> None:
+        for name in ms:
+            vs_plain = ms[name] / ms["plain"] if "plain" in ms else None
+            budget.Emit("row", **rows[name], ms=ms[name], vs_plain=vs_plain, rounds=rounds[name])
+
+    TimeSideBySide(steps, cfg["steps"], budget_s, Report)
 
 
 def Precision(smoke: bool, budget_s: float) -> None:
@@ -286,13 +287,14 @@ def Precision(smoke: bool, budget_s: float) -> None:
                 config=name, stages=stages, micro_batches=1 if stages == "plain" else m
             )
             rows[name].update(precision=precision, xla=xla)
-    ms = TimeSideBySide(steps, cfg["steps"], budget_s)
-    for name, row in rows.items():
-        if name in ms:
-            row["ms"] = ms[name]
+
+    def Report(ms: dict[str, float], rounds: dict[str, int]) -> None:
+        for name in ms:
             f32 = name.split()[0] + " float32"
-            row["vs_float32"] = ms[name] / ms[f32] if f32 in ms else None
-            budget.Emit("row", **row)
+            vs_f32 = ms[name] / ms[f32] if f32 in ms else None
+            budget.Emit("row", **rows[name], ms=ms[name], vs_float32=vs_f32, rounds=rounds[name])
+
+    TimeSideBySide(steps, cfg["steps"], budget_s, Report)
 
 
 def Synced(step):
@@ -313,16 +315,30 @@ def Synced(step):
     return Run
 
 
-def TimeSideBySide(steps: dict, rounds: int, budget_s: float) -> dict[str, float]:
-    """{name: median ms} of each (step, inputs) in `steps`, timed in turns (each round runs
-    every step once) after two untimed runs each (their seconds: a 'setup' line). A step
-    that runs out of memory is a row with its error ('oom'); one whose untimed runs would
-    likely end past `budget_s` (counted from this process's start, at one and a half times
-    the longest so far) is not run, and says so ('skipped'), so that the others' times
-    are printed before the part's budget ends."""
+def TimeSideBySide(steps: dict, rounds: int, budget_s: float, report) -> None:
+    """Times each (step, inputs) of `steps` in turns: a round runs every ready step once.
+    Each step first runs twice untimed (their seconds: a 'setup' line), then one round
+    of all the ready ones follows and `report({name: median ms}, {name: rounds})` hears
+    the figures so far, so that a part stopped at its budget keeps them (the last row
+    of a config is its figure); at the end, rounds until each has `rounds` of them.
+
+    A step that runs out of memory is a row with its error ('oom'). One whose untimed
+    runs would likely end past `budget_s` (counted from this process's start, at one
+    and a half times the longest so far) is not run and says so ('skipped')."""
     import tensorflow as tf
 
-    ready, longest = {}, 0.0
+    ready, times, longest = {}, {}, 0.0
+
+    def Round() -> None:
+        for name, (step, inputs) in ready.items():
+            start = time.perf_counter()
+            tf.nest.map_structure(lambda t: t.numpy(), step(*inputs))
+            times[name].append(time.perf_counter() - start)
+
+    def Report() -> None:
+        ms = {name: 1000 * statistics.median(t) for name, t in times.items()}
+        report(ms, {name: len(t) for name, t in times.items()})
+
     for name, (step, inputs) in steps.items():
         start = time.perf_counter()
         if _Elapsed() + 1.5 * longest > 0.9 * budget_s:
@@ -336,14 +352,12 @@ def TimeSideBySide(steps: dict, rounds: int, budget_s: float) -> dict[str, float
             continue
         longest = max(longest, time.perf_counter() - start)
         budget.Emit("setup", config=name, first_two_steps_s=time.perf_counter() - start)
-        ready[name] = (step, inputs)
-    times = {name: [] for name in ready}
-    for _ in range(rounds):
-        for name, (step, inputs) in ready.items():
-            start = time.perf_counter()
-            tf.nest.map_structure(lambda t: t.numpy(), step(*inputs))
-            times[name].append(time.perf_counter() - start)
-    return {name: 1000 * statistics.median(t) for name, t in times.items()}
+        ready[name], times[name] = (step, inputs), []
+        Round()
+        Report()
+    while ready and min(map(len, times.values())) < rounds:
+        Round()
+    Report()
 
 
 def _Elapsed() -> float:

@@ -22,7 +22,7 @@ def test_smoke_writes_every_section(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--smoke", f"--out={out}"],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True, text=True, env=env, timeout=360,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
