@@ -1,8 +1,8 @@
 """lingpipe's GPU evidence in one command, in under eight minutes on one GPU.
 
     python bench/gpu.py                  # bench/results/gpu.json and gpu.md beside it
-    python bench/gpu.py --smoke          # the same code paths on logical CPU devices,
-                                         # tiny sizes, under a minute on 2 cores
+    python bench/gpu.py --smoke          # the same code paths on logical CPU devices, tiny
+                                         # sizes, under a minute on 2 cores: gpu_smoke.json
     python bench/gpu.py --sections=memory,speed     # some sections only
 
 Sections (bench/README.md, "GPU evidence", says more):
@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="logical CPU devices, tiny sizes")
     ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated, in any order")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "gpu.json"),
-                    help="the JSON path; the markdown table goes beside it (.md)")  # fmt: skip
+    ap.add_argument("--out", default="", help="the JSON path, the markdown table beside it (.md); "
+                    "default bench/results/gpu.json (--smoke: gpu_smoke.json)")  # fmt: skip
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--part", default="", help=argparse.SUPPRESS)
     ap.add_argument("--schedule", default="", help=argparse.SUPPRESS)
@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(
             f"expected --sections from {', '.join(SECTIONS)}; received --sections={args.sections}"
         )
+    args.out = args.out or os.path.join(
+        HERE, "results", "gpu_smoke.json" if args.smoke else "gpu.json"
+    )
     if not args.out.endswith(".json"):
         ap.error(f"expected --out to be a path ending in .json; received --out={args.out}")
     return Run(args, sections)
