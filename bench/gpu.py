@@ -145,13 +145,13 @@ def Run(args: argparse.Namespace, sections: list[str]) -> int:
     runner = Runner(args.smoke)
     (machine_run,) = runner.Part("machine", [runner.Argv("machine")])
     machine = (machine_run.Of("machine") or [{}])[0]
-    for first in machine_run.Of("first_step"):
-        machine["first_step_s"] = first["seconds"]
-    if machine_run.error:
-        machine["error"] = machine_run.error
     if not machine:
         print(f"bench/gpu.py: the machine part failed: {machine_run.error}", file=sys.stderr)
         return 1
+    for first in machine_run.Of("first_step"):
+        machine["first_step_s"] = first["seconds"]
+    if machine_run.error:  # its first step, stopped at the budget
+        machine["error"] = machine_run.error
     if not args.smoke and not machine.get("gpus"):
         print(
             "bench/gpu.py: no GPU visible to TensorFlow (tf.config.list_physical_devices('GPU') "
