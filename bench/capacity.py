@@ -37,6 +37,10 @@ SIZES = {
     "smoke": dict(dims=128, heads=2, hidden=256, batch=16, time=128, micro=4, cap_mib=32),
     # A Transformer-big-like layer on 8 logical GPUs of 8 GiB (one H100).
     "gpu": dict(dims=1024, heads=16, hidden=4096, batch=32, time=256, micro=8, cap_mib=8192),
+    # bench/gpu.py's eight minutes on one H100: the same layer on 8 logical GPUs of 2 GiB
+    # at M=4. A probe's graph grows with layers x micro-batches and takes longer to
+    # build than to run: here the estimate's depths are 2 (naive) to 40 (K=8), not 240.
+    "gpu_quick": dict(dims=1024, heads=16, hidden=4096, batch=32, time=256, micro=4, cap_mib=2048),
 }
 # (row name, stages K, micro-batches or None for the size's M, remat)
 ROWS = [
@@ -79,14 +83,35 @@ def Estimate(cfg: dict, layers: int, stages: int, micro: int, remat: str, slots:
     return memory.Estimate(p, p.cell_tpl, cells, tuple(p.input_shapes), sched, kept, slots)
 
 
-def Largest(fits, low: int) -> int:
-    """The largest n >= low with fits(n) (fits is monotone), or 0 if fits(low) is False."""
-    if not fits(low):
-        return 0
-    hi = low
-    while fits(hi * 2):
-        hi *= 2
-    lo, hi = hi, hi * 2  # fits(lo), not fits(hi)
+def Largest(fits, low: int, start: int | None = None) -> int:
+    """The largest n >= low with fits(n) (fits is monotone), or 0 if fits(low) is False.
+
+    Without `start` the search doubles from low, then bisects. With `start` (a guess,
+    such as the estimate's depth) it gallops from there, up by 1, 2, 4, ... while n
+    fits or down by 1, 2, 4, ... (not below low) while it does not, then bisects: a
+    guess d layers off costs about 2 log2(d) probes instead of 2 log2(n).
+    """
+    if start is None or start <= low:
+        if not fits(low):
+            return 0
+        hi = low
+        while fits(hi * 2):
+            hi *= 2
+        lo, hi = hi, hi * 2  # fits(lo), not fits(hi)
+    elif fits(start):
+        lo, step = start, 1
+        while fits(lo + step):
+            lo, step = lo + step, step * 2
+        hi = lo + step
+    else:
+        hi, step = start, 1
+        while hi - step > low and not fits(hi - step):
+            hi, step = hi - step, step * 2
+        lo = hi - step
+        if lo <= low:
+            if not fits(low):
+                return 0
+            lo = low
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
@@ -165,17 +190,30 @@ def Probe(cfg: dict, layers: int, stages: int, micro: int, remat: str) -> dict:
     return {"fits": True, "peak_mib": max(peaks)}
 
 
-def GpuRow(cfg: dict, name: str, stages: int, micro: int, remat: str, size: str) -> dict:
-    """Binary search over depth, one process per probe (an OOM is real)."""
+def GpuRow(
+    cfg: dict,
+    name: str,
+    stages: int,
+    micro: int,
+    remat: str,
+    size: str,
+    start: int | None = None,
+    on_probe=None,
+) -> dict:
+    """Binary search over depth, one process per probe (an OOM is real). `start`: a first
+    guess (see Largest); `on_probe(layers, result)` hears each probe as it ends."""
     seen = {}
 
     def Fits(layers: int) -> bool:
-        flags = [f"--size={size}", f"--cap_mib={cfg['cap_mib']}", f"--layers={layers}"]
-        flags += [f"--stages={stages}", f"--micro={micro}", f"--remat={remat}", "--probe"]
-        seen[layers] = common.RunChild(__file__, flags)
+        if layers not in seen:
+            flags = [f"--size={size}", f"--cap_mib={cfg['cap_mib']}", f"--layers={layers}"]
+            flags += [f"--stages={stages}", f"--micro={micro}", f"--remat={remat}", "--probe"]
+            seen[layers] = common.RunChild(__file__, flags)
+            if on_probe:
+                on_probe(layers, seen[layers])
         return bool(seen[layers].get("fits"))
 
-    layers = Largest(Fits, stages)
+    layers = Largest(Fits, stages, start)
     row = {"row": name, "stages": stages, "micro_batches": micro, "remat": remat, "layers": layers}
     if layers:
         per_stage = Estimate(cfg, layers, stages, micro, remat, 2)
