@@ -272,6 +272,28 @@ def MicroBatchSpecs(specs: tuple, num_micro_batches: int, batch_dim: int) -> tup
     return tf.nest.map_structure(Cut, specs)
 
 
+def _WholeBatch(parent_p: hyperparams.Params, cell_params: Sequence[Any], input_specs: tuple):
+    """The pipeline's inputs as tf.TensorSpecs: bare shapes take the dtype that the first
+    cell computes in."""
+    first = cell_params[0] if cell_params else parent_p
+    compute = getattr(first, "fprop_dtype", None) or parent_p.fprop_dtype or parent_p.dtype
+    return tuple(_Spec(x, "", tf.as_dtype(compute)) for x in input_specs)
+
+
+def TracedFor(
+    parent_p: hyperparams.Params,
+    cell_params: Sequence[Any],
+    input_specs: tuple,
+    num_micro_batches: int,
+    batch_dim: int = 0,
+) -> list[CellMemory]:
+    """TraceCells of the cells for the largest micro-batch of `input_specs` (the whole
+    batch) cut in `num_micro_batches`: what Estimate traces."""
+    whole = _WholeBatch(parent_p, cell_params, input_specs)
+    specs = MicroBatchSpecs(whole, num_micro_batches, batch_dim)
+    return TraceCells(parent_p, cell_params, specs)
+
+
 def Estimate(
     parent_p: hyperparams.Params,
     cell_params: Sequence[Any],
@@ -281,6 +303,7 @@ def Estimate(
     kept: set,
     optimizer: Any = None,
     batch_dim: int = 0,
+    traced: list[CellMemory] | None = None,
 ) -> list[StageMemory]:
     """Per stage, its memory in a training step (module doc), from params alone.
 
@@ -293,18 +316,18 @@ def Estimate(
         activations are kept (PipeliningLayer.KeptActivations).
       optimizer: see SlotBytes.
       batch_dim: the inputs' batch dimension.
+      traced: TraceCells of these cells for this micro-batch size, if already made (the
+        planner reuses them over the schedules it tries).
     """
     if len(stage_cells) != sched.num_stages:
         raise ValueError(
             f"memory estimate: expected one list of cells per stage of the schedule "
             f"({sched.num_stages}), received {len(stage_cells)}"
         )
-    # Bare input shapes take the dtype that the first cell computes in.
-    first = cell_params[0] if cell_params else parent_p
-    compute = getattr(first, "fprop_dtype", None) or parent_p.fprop_dtype or parent_p.dtype
-    whole = tuple(_Spec(x, "", tf.as_dtype(compute)) for x in input_specs)
-    specs = MicroBatchSpecs(whole, sched.num_micro_batches, batch_dim)
-    cells = TraceCells(parent_p, cell_params, specs)
+    whole = _WholeBatch(parent_p, cell_params, input_specs)
+    cells = traced
+    if cells is None:
+        cells = TracedFor(parent_p, cell_params, input_specs, sched.num_micro_batches, batch_dim)
     sim = simulate.Simulate(sched)
     batch_bytes = sum(_Bytes(s) for s in tf.nest.flatten(whole))
     out = []

@@ -110,8 +110,14 @@ def Dependencies(s: Schedule, a: Action, listed: set[Action]) -> list[Action]:
     return deps
 
 
-def Simulate(s: Schedule, costs: dict[str, float] | None = None) -> Simulation:
-    """Runs `s` in simulated time; raises ScheduleError for what the module doc rejects."""
+def _Cost(costs: dict, a: Action) -> float:
+    cost = costs[a.kind]
+    return cost[a.stage] if isinstance(cost, (list, tuple)) else cost
+
+
+def Simulate(s: Schedule, costs: dict[str, float | list] | None = None) -> Simulation:
+    """Runs `s` in simulated time; raises ScheduleError for what the module doc rejects.
+    `costs` per kind: a number, or one per stage (the planner's)."""
     _CheckStructure(s)
     costs = dict(DEFAULT_COSTS, **(costs or {}))
     listed = {a for acts in s.device_actions for a in acts}
@@ -128,12 +134,12 @@ def Simulate(s: Schedule, costs: dict[str, float] | None = None) -> Simulation:
                 if any(x not in end for x in deps):
                     break
                 start[a] = max([free[d]] + [end[x] for x in deps])
-                end[a] = free[d] = start[a] + costs[a.kind]
+                end[a] = free[d] = start[a] + _Cost(costs, a)
                 heads[d] += 1
         if len(end) == ran:  # nothing ran: every unfinished device waits
             raise ScheduleError(_Deadlock(s, heads, end, len(listed)))
     makespan = max(end.values(), default=0.0)
-    busy = [sum(costs[a.kind] for a in acts) for acts in s.device_actions]
+    busy = [sum(_Cost(costs, a) for a in acts) for acts in s.device_actions]
     idle = [1.0 - b / makespan if makespan else 0.0 for b in busy]
     order = sorted(start, key=lambda a: (start[a], s.DeviceOf(a.stage)))  # stable: ties as run
     peaks, device_peaks = _PeakAlive(s, start, end)

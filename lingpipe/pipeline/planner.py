@@ -1,0 +1,283 @@
+"""The planner's search: N devices as R replicas x K stages, M micro-batches, a schedule,
+a recompute policy and a partition, the fastest predicted to fit a memory cap.
+
+    rates = planner.MeasureRates()                       # this machine's device
+    result = planner.Search(model_costs, rates, num_devices=2, memory_per_device=2**30,
+                            global_batch=32, memory_fn=...)
+    result.chosen.Flags()                                # the trainer's flags
+
+Step time is predicted by simulating the candidate's schedule (lingpipe.pipeline.
+simulate) with per-stage action costs:
+  - F s: the stage's forward FLOPs for one micro-batch at the device's measured rate,
+    plus a fixed cost per action (launching its ops), plus its inputs' bytes over the
+    measured bandwidth and a latency when they come from another device;
+  - B s (I + W): twice the forward's compute (I and W each once), plus the replayed
+    forward where the recompute policy drops the stage's activations;
+  - with R > 1 replicas, a ring all-reduce of each device's weight gradients.
+Memory per device comes from the caller's `memory_fn` (lingpipe.plan estimates it from
+the schedule with lingpipe.pipeline.memory: micro-batches alive, weight gradients held
+by deferred W's, optimizer slots, workspace, every stage the device holds).
+
+The search never builds the model: costs are per cell, computed once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lingpipe.pipeline import generators, partition, simulate
+from lingpipe.pipeline.schedule import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
+
+# Schedules the search tries by default, with their stages per device (v).
+SCHEDULES = (
+    ("gpipe", 1),
+    ("1f1b", 1),
+    ("zero_bubble", 1),
+    ("interleaved_1f1b", 2),
+    ("zbv", 1),
+)
+REMAT = ("never", "except_last", "always")
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rates:
+    """What a device does per second: FLOPs, the fixed cost of one action, and
+    cross-device transfer (bytes per second and a latency)."""
+
+    flops_per_s: float
+    action_s: float
+    bytes_per_s: float
+    latency_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCosts:
+    """Per cell, for one example: forward FLOPs, the bytes of its outputs (what crosses
+    to the next cell), and its weights' bytes."""
+
+    flops: tuple[float, ...]
+    out_bytes: tuple[int, ...]
+    weight_bytes: tuple[int, ...]
+
+
+@dataclasses.dataclass
+class Candidate:
+    """One configuration and what the planner predicts for it."""
+
+    replicas: int
+    num_stages: int  # devices per pipeline (K)
+    num_micro_batches: int
+    schedule: str
+    num_virtual_stages: int
+    remat: str
+    partition: tuple[int, ...]  # cells per stage of the schedule
+    partition_policy: str = "uniform"  # what gives `partition`: 'flops' or 'uniform'
+    step_seconds: float = 0.0
+    peak_bytes: tuple[int, ...] = ()  # per device of one pipeline
+
+    def Flags(self) -> dict[str, Any]:
+        """The trainer's flags for this plan."""
+        flags: dict[str, Any] = dict(
+            num_stages=self.num_stages,
+            num_micro_batches=self.num_micro_batches,
+            schedule=self.schedule,
+        )
+        if self.num_virtual_stages > 1:
+            flags["num_virtual_stages"] = self.num_virtual_stages
+        if self.replicas > 1:
+            flags["strategy"] = "mirrored"
+            flags["logical_devices"] = self.replicas * self.num_stages
+        flags["params_override"] = f'remat : "{self.remat}"; partition : "{self.partition_policy}"'
+        return flags
+
+    def Describe(self) -> str:
+        v = f" v={self.num_virtual_stages}" if self.num_virtual_stages > 1 else ""
+        return (
+            f"R={self.replicas} x K={self.num_stages}, M={self.num_micro_batches}, "
+            f"{self.schedule}{v}, remat={self.remat}, partition={self.partition_policy} "
+            f"{list(self.partition)}"
+        )
+
+
+@dataclasses.dataclass
+class Refused:
+    """A candidate predicted not to fit: its most loaded device and the bytes over the cap."""
+
+    candidate: Candidate
+    device: int
+    excess_bytes: int
+
+
+@dataclasses.dataclass
+class Result:
+    chosen: Candidate | None
+    runners_up: list[Candidate]
+    refused: list[Refused]
+    searched: int
+
+
+def MeasureRates(device: str | None = None) -> Rates:
+    """This machine's rates, measured in well under a second: a 512 x 512 matmul's FLOPs per
+    second, a trivial tf.function call (an action's fixed cost), and a 4 MiB copy between
+    two devices (the same device when there is one)."""
+    import tensorflow as tf
+
+    devices = [d.name for d in tf.config.list_logical_devices()]
+    gpus = [d for d in devices if "GPU" in d or "TPU" in d]
+    here = device or (gpus or devices)[0]
+    there = ([d for d in (gpus or devices) if d != here] or [here])[0]
+
+    def Best(fn: Callable[[], Any], repeats: int = 5) -> float:
+        fn()  # trace and warm up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    with tf.device(here):
+        a = tf.random.stateless_normal([512, 512], [1, 2])
+        small = tf.zeros([1])
+    matmul = tf.function(lambda: tf.matmul(a, a))
+    flops = 2 * 512**3 / Best(lambda: matmul().numpy())
+    trivial = tf.function(lambda: small + 1.0)
+    action = Best(lambda: trivial().numpy())
+    with tf.device(here):
+        block = tf.zeros([1024, 1024])
+
+    @tf.function
+    def Copy() -> Any:
+        with tf.device(there):
+            return tf.identity(block) + 0.0
+
+    copy_s = Best(lambda: Copy().numpy())
+    return Rates(flops, action, 4 * 2**20 / max(copy_s - action, 1e-9), action)
+
+
+def StageCosts(
+    costs: ModelCosts, counts: Sequence[int], micro_batch: float, rates: Rates, remat: str
+) -> dict[str, list[float]]:
+    """Per kind (F, B, I, W), each stage's seconds for one micro-batch (module doc)."""
+    bounds = partition.Boundaries(list(counts))
+    f, b, i, w = [], [], [], []
+    for s, (lo, hi) in enumerate(bounds):
+        compute = sum(costs.flops[lo:hi]) * micro_batch / rates.flops_per_s
+        transfer = 0.0
+        if s > 0:
+            transfer = costs.out_bytes[lo - 1] * micro_batch / rates.bytes_per_s + rates.latency_s
+        replay = {"always": 1.0, "except_last": 0.5, "never": 0.0}[remat] * compute
+        f.append(compute + rates.action_s + transfer)
+        i.append(compute + replay + rates.action_s)
+        w.append(compute + rates.action_s)
+        b.append(2 * compute + replay + rates.action_s)
+    return {FORWARD: f, BACKWARD: b, BACKWARD_INPUT: i, BACKWARD_WEIGHT: w}
+
+
+def PredictSeconds(
+    candidate: Candidate, costs: ModelCosts, rates: Rates, global_batch: int
+) -> float:
+    """The candidate's step time: its schedule simulated with StageCosts, plus the
+    replicas' all-reduce."""
+    sched = generators.Make(
+        candidate.schedule,
+        candidate.num_stages,
+        candidate.num_micro_batches,
+        candidate.num_virtual_stages,
+    )
+    micro = global_batch / candidate.replicas / candidate.num_micro_batches
+    per_stage = StageCosts(costs, candidate.partition, micro, rates, candidate.remat)
+    seconds = simulate.Simulate(sched, per_stage).makespan
+    if candidate.replicas > 1:
+        r = candidate.replicas
+        grads = sum(costs.weight_bytes) / candidate.num_stages  # per device
+        seconds += 2 * (r - 1) / r * grads / rates.bytes_per_s + rates.latency_s
+    return seconds
+
+
+def Partitions(costs: ModelCosts, num_stages: int) -> list[tuple[str, tuple[int, ...]]]:
+    """The partitions tried, as PipeliningLayer cuts them: (policy, cells per stage) for
+    'flops' (balanced by FLOPs) and 'uniform' (by cell count), each once."""
+    if num_stages > len(costs.flops):
+        return []
+    found: dict = {}
+    for policy, weights in (("flops", list(costs.flops)), ("uniform", [1.0] * len(costs.flops))):
+        found.setdefault(tuple(partition.MinMaxPartition(weights, num_stages)), policy)
+    return [(policy, counts) for counts, policy in found.items()]
+
+
+def Candidates(
+    num_devices: int,
+    num_cells: int,
+    global_batch: int,
+    schedules: Sequence[tuple[str, int]] = SCHEDULES,
+    remats: Sequence[str] = REMAT,
+    micro_batches: Sequence[int] = MICRO_BATCHES,
+    stages: Sequence[int] | None = None,
+) -> list[Candidate]:
+    """Every (R, K, M, schedule, v, remat) that applies, partitions left empty."""
+    out = []
+    for k in range(1, num_devices + 1):
+        if num_devices % k or (stages is not None and k not in stages):
+            continue
+        r = num_devices // k
+        if global_batch % r:
+            continue
+        per_replica = global_batch // r
+        for (name, v), m, remat in itertools.product(schedules, micro_batches, remats):
+            chunks = k * (2 if name in generators.V_SHAPED else v)
+            if m > per_replica or chunks > num_cells:
+                continue
+            if k == 1 and (name != "gpipe" or v > 1):
+                continue  # one device: every schedule is the same work in one order
+            if name == "interleaved_1f1b" and m % k:
+                continue
+            if name == "dualpipev" and m < 2 * k:
+                continue
+            out.append(Candidate(r, k, m, name, v, remat, ()))
+    return out
+
+
+def Search(
+    costs: ModelCosts,
+    rates: Rates,
+    num_devices: int,
+    memory_per_device: int,
+    global_batch: int,
+    memory_fn: Callable[[Candidate], Sequence[int]],
+    candidates: Sequence[Candidate] | None = None,
+    keep: int = 3,
+) -> Result:
+    """The fastest predicted candidate whose every device fits `memory_per_device`, the
+    next `keep` runners-up, and each refused candidate with its device and excess.
+    Deterministic: ties go to fewer stages, fewer micro-batches, then the order tried."""
+    if candidates is None:
+        candidates = Candidates(num_devices, len(costs.flops), global_batch)
+    fits, refused = [], []
+    for base in candidates:
+        chunks = base.num_stages * (
+            2 if base.schedule in generators.V_SHAPED else base.num_virtual_stages
+        )
+        for policy, counts in Partitions(costs, chunks):
+            c = dataclasses.replace(base, partition=counts, partition_policy=policy)
+            c.peak_bytes = tuple(int(b) for b in memory_fn(c))
+            worst = max(range(len(c.peak_bytes)), key=lambda d: c.peak_bytes[d])
+            if c.peak_bytes[worst] > memory_per_device:
+                refused.append(Refused(c, worst, c.peak_bytes[worst] - memory_per_device))
+                continue
+            c.step_seconds = PredictSeconds(c, costs, rates, global_batch)
+            fits.append(c)
+    order = sorted(
+        range(len(fits)),
+        key=lambda i: (fits[i].step_seconds, fits[i].num_stages, fits[i].num_micro_batches, i),
+    )
+    ranked = [fits[i] for i in order]
+    refused.sort(key=lambda x: (x.excess_bytes, x.candidate.num_stages))
+    chosen = ranked[0] if ranked else None
+    searched = len(fits) + len(refused)
+    return Result(chosen, ranked[1 : 1 + keep], refused, searched)
