@@ -13,7 +13,7 @@ import difflib
 import os
 from collections.abc import Callable
 
-from lingpipe.pipeline import simulate
+from lingpipe.pipeline import controllable_memory, simulate
 from lingpipe.pipeline.schedule import (
     BACKWARD,
     BACKWARD_INPUT,
@@ -27,7 +27,7 @@ from lingpipe.pipeline.schedule import (
 
 # Names that take num_virtual_stages v > 1 (loop placement); V-shaped ones always have 2.
 VIRTUAL = ("interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "forward_only")
-V_SHAPED = ("zbv", "dualpipev")
+V_SHAPED = ("zbv", "dualpipev", *controllable_memory.NAMES)
 
 
 def VPlacement(num_devices: int) -> tuple[int, ...]:
@@ -204,6 +204,8 @@ _BUILDERS: dict[str, Callable[[str, int, int, int], Schedule]] = {
     "looped_bfs": BreadthFirst,
     "interleaved_zero_bubble": OneForwardOneBackward,
     "dualpipev": lambda name, k, m, v: DualPipeV(k, m),
+    "v_half": lambda name, k, m, v: controllable_memory.ControllableMemory(name, k, m),
+    "v_min": lambda name, k, m, v: controllable_memory.ControllableMemory(name, k, m),
     "forward_only": BreadthFirst,
 }
 SCHEDULES = tuple(_BUILDERS)  # in the order errors and the command line list them

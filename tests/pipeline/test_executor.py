@@ -209,7 +209,8 @@ def _ChainPredecessors(graph, sched):
 
 @pytest.mark.parametrize(
     "name,k,m,v", [("gpipe", 3, 4, 1), ("1f1b", 4, 8, 1), ("zero_bubble", 3, 4, 1),
-                   ("interleaved_1f1b", 2, 4, 2), ("zbv", 2, 4, 1), ("dualpipev", 2, 4, 1)],
+                   ("interleaved_1f1b", 2, 4, 2), ("zbv", 2, 4, 1), ("dualpipev", 2, 4, 1),
+                   ("v_half", 2, 4, 1), ("v_min", 3, 4, 1)],
 )  # fmt: skip
 def test_each_device_follows_its_list_in_the_traced_graph(name, k, m, v):
     pipe = Pipeline([Mlp()] * 8, k, m, "always", schedule=name, num_virtual_stages=v)

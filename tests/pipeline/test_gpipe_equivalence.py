@@ -251,7 +251,7 @@ def test_unknown_batch_is_split_at_run_time(remat):
     assert Step.experimental_get_tracing_count() == 1
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "zbv"])
+@pytest.mark.parametrize("schedule", ["gpipe", "zbv", "v_half", "v_min"])
 def test_tf_gradients_through_the_one_engine_equal_the_reference(schedule):
     """tf.gradients of FProp (traced) equals the tape over the sequential reference,
     under loop and V placement."""
@@ -272,3 +272,45 @@ def test_tf_gradients_through_the_one_engine_equal_the_reference(schedule):
     test_utils.AssertAllCloseToScale(outputs, want)
     for g, w in zip(grads, want_grads):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("schedule", ["v_half", "v_min"])
+def test_a_training_step_under_v_half_and_v_min_equals_the_plain_stacks(schedule):
+    """ForwardBackward runs the schedule (8 stages on the V of 4 devices, M=8), traced as a
+    train step, and an SGD step with its gradients: the loss, the gradients and the
+    weights after the step equal the plain stack's on the whole batch."""
+    pipe = Pipeline([Mlp()] * 8, 4, 8, "except_last", schedule=schedule)
+    assert pipe.Schedule(8).stage_devices == (0, 1, 2, 3, 3, 2, 1, 0)
+    x = tf.random.normal([16, DIMS])
+    variables = list(pipe.trainable_variables)
+    start = [v.numpy() for v in variables]
+
+    def Loss(outputs, _=None):  # the mean over rows: micro-batches weigh by their rows
+        return NestedMap(
+            loss=(tf.reduce_mean(tf.square(outputs)), tf.cast(tf.shape(outputs)[0], tf.float32))
+        )
+
+    @tf.function(autograph=False)
+    def Step():
+        out = pipe.ForwardBackward(pipe.theta, (x,), Loss)
+        by_ref = {
+            v.ref(): g
+            for v, g in zip(tf.nest.flatten(pipe.theta), tf.nest.flatten(out.theta_grads))
+        }
+        grads = [by_ref[v.ref()] for v in variables]
+        for v, g in zip(variables, grads):
+            v.assign_sub(0.1 * g)
+        return out.metrics.loss[0], grads
+
+    loss, grads = Step()
+    stepped = [v.numpy() for v in variables]
+    for v, s in zip(variables, start):
+        v.assign(s)
+    with tf.GradientTape() as tape:
+        want_loss = Loss(PlainStack(pipe, x)).loss[0]
+    want_grads = tape.gradient(want_loss, variables)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+    scale = max(float(np.max(np.abs(g))) for g in want_grads)
+    for g, w, s, after in zip(grads, want_grads, start, stepped):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * scale)
+        np.testing.assert_allclose(after, s - 0.1 * w.numpy(), rtol=1e-5, atol=1e-6)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from lingpipe.pipeline import generators, schedule, simulate
+from lingpipe.pipeline import controllable_memory, generators, schedule, simulate
 from lingpipe.pipeline.schedule import Action, ScheduleError
 
 
@@ -248,7 +248,86 @@ def test_forward_only_runs_each_forward_once_in_micro_batch_order(k, m, v):
 
 
 def test_command_prints_every_new_schedules_figures():
-    for name, bubble in (("zero_bubble", "11.1%"), ("zbv", "5.9%"), ("dualpipev", "5.9%")):
+    figures = (("zero_bubble", "11.1%"), ("zbv", "5.9%"), ("dualpipev", "5.9%"))
+    figures += (("v_half", "9.4%"), ("v_min", "18.6%"))
+    for name, bubble in figures:
         run = Command(f"--schedule={name}", "--num_stages=4", "--num_micro_batches=8")
         assert run.returncode == 0, run.stderr
         assert f"bubble {bubble}" in run.stdout
+        if name == "v_half":  # the grid: device 0 starts with two forwards of its first stage
+            assert run.stdout.splitlines()[1].split()[:4] == ["dev", "0", "F0.0", "F1.0"]
+            assert "device 0: idle 9.4%; peak alive micro-batches 6 (s0: 5, s7: 1)" in run.stdout
+
+
+# V-Half and V-Min against 1F1B and ZBV under unit costs (F = I = W = 1, B = 2): per device
+# the peak of (stage, micro-batch) pairs alive (simulate's device_peak_alive), and the
+# bubble. A stage of the V is half a 1F1B stage, so its pairs count half a 1F1B micro-batch's
+# activations: 1F1B's first device holds K whole ones, ZBV 2K halves (the same memory),
+# V-Half 2 (K // 2 + 1) halves and V-Min 2 ((K + 1) // 3 + 1), about a half and a third of
+# 1F1B's as K grows (3 and 2 of 4 at K = 4; 5 and 4 of 8 at K = 8).
+V_FIGURES = {
+    (4, 8): {
+        "1f1b": ([4, 3, 2, 1], "27.3%"),
+        "zbv": ([8] * 4, "5.9%"),
+        "v_half": ([6] * 4, "9.4%"),
+        "v_min": ([4] * 4, "18.6%"),
+    },
+    (8, 16): {
+        "1f1b": ([8, 7, 6, 5, 4, 3, 2, 1], "30.4%"),
+        "zbv": ([16] * 8, "6.8%"),
+        "v_half": ([10] * 8, "15.0%"),
+        "v_min": ([7] + [8] * 7, "22.0%"),
+    },
+}
+
+
+def WholeStages(name, k):
+    """The peak activations V-Half and V-Min hold, in 1F1B stages' micro-batches."""
+    return k // 2 + 1 if name == "v_half" else (k + 1) // 3 + 1
+
+
+@pytest.mark.parametrize("k,m", sorted(V_FIGURES))
+def test_v_half_and_v_min_hold_about_a_half_and_a_third_of_1f1bs_activations(k, m):
+    sims = {name: simulate.Simulate(generators.Make(name, k, m)) for name in V_FIGURES[k, m]}
+    for name, (peaks, bubble) in V_FIGURES[k, m].items():
+        assert (sims[name].device_peak_alive, f"{sims[name].bubble:.1%}") == (peaks, bubble), name
+    assert max(sims["1f1b"].peak_alive) == k and max(sims["zbv"].device_peak_alive) == 2 * k
+    for name in ("v_half", "v_min"):
+        sched = generators.Make(name, k, m)
+        assert sched.stage_devices == generators.VPlacement(k) and sched.splits_backward
+        assert max(sims[name].device_peak_alive) == 2 * WholeStages(name, k)
+        # The peak is the order's, not the costs': a forward starts after what is listed
+        # before it has ended, whatever each action costs.
+        heavy = simulate.Simulate(sched, costs={"F": 2.0, "W": 3.0})
+        assert heavy.device_peak_alive == sims[name].device_peak_alive
+    bubbles = [sims[name].bubble for name in ("zbv", "v_half", "v_min", "1f1b")]
+    assert bubbles == sorted(bubbles) and len(set(bubbles)) == 4
+
+
+@pytest.mark.parametrize("name", ["v_half", "v_min"])
+def test_v_half_and_v_min_peaks_follow_their_building_block_for_every_k(name):
+    for k in range(1, 9):
+        for m in (1, k, 2 * k, 3 * k):
+            peak = max(simulate.Simulate(generators.Make(name, k, m)).device_peak_alive)
+            assert peak <= 2 * WholeStages(name, k), (k, m)
+            assert m < 2 * k or peak == 2 * WholeStages(name, k), (k, m)  # reached when steady
+
+
+@pytest.mark.parametrize("name", ["v_half", "v_min"])
+def test_v_half_and_v_min_repeat_their_block_every_six_actions_in_the_steady_state(name):
+    k, m = 4, 16
+    sched = generators.Make(name, k, m)
+    for acts in sched.device_actions:
+        # Each action is the one six before it, a micro-batch later, for most of the list.
+        repeats = [
+            acts[i] == acts[i - 6]._replace(micro_batch=acts[i - 6].micro_batch + 1)
+            for i in range(6, len(acts))
+        ]
+        assert sum(repeats) >= 6 * (m - 2 * k)
+        assert any(all(repeats[i : i + 6 * 4]) for i in range(len(repeats)))
+
+
+def test_controllable_memory_names_the_schedules_it_builds():
+    assert controllable_memory.ControllableMemory("v_min", 2, 4) == generators.Make("v_min", 2, 4)
+    with pytest.raises(ScheduleError, match=r"expected one of v_half, v_min, received 'zbv'"):
+        controllable_memory.ControllableMemory("zbv", 2, 4)
