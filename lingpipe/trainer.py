@@ -120,6 +120,7 @@ flags.DEFINE_string(
     None,
     "Pipeline schedule of the train step (sets the task's schedule): gpipe, 1f1b, "
     "interleaved_1f1b, zero_bubble, zbv, looped_bfs, interleaved_zero_bubble, dualpipev, "
+    "v_half, v_min, "
     "or the path of a CSV file (torch.distributed.pipelining's compute-only format); "
     "see python -m lingpipe.pipeline.schedule.",
 )

@@ -112,8 +112,9 @@ def DefinePipelineParams(p: hyperparams.Params) -> hyperparams.Params:
     p.Define(
         "schedule",
         "gpipe",
-        "Pipeline schedule of the training step: 'gpipe', '1f1b', 'interleaved_1f1b' or "
-        "'zero_bubble' (see lingpipe.pipeline.schedule).",
+        "Pipeline schedule of the training step: a name of lingpipe.pipeline.generators."
+        "SCHEDULES ('gpipe', '1f1b', 'zero_bubble', 'zbv', 'v_half', 'v_min', ...) or the "
+        "path of a CSV file (see python -m lingpipe.pipeline.schedule).",
     )
     p.Define("num_virtual_stages", 1, "Chunks per device for schedule='interleaved_1f1b'.")
     p.Define(

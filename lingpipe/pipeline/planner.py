@@ -39,6 +39,8 @@ SCHEDULES = (
     ("zero_bubble", 1),
     ("interleaved_1f1b", 2),
     ("zbv", 1),
+    ("v_half", 1),
+    ("v_min", 1),
 )
 REMAT = ("never", "except_last", "always")
 MICRO_BATCHES = (1, 2, 4, 8, 16)
