@@ -162,21 +162,11 @@ def Probe(cfg: dict, layers: int, stages: int, micro: int, remat: str) -> dict:
     gpu = tf.config.list_physical_devices("GPU")[0]
     limit = tf.config.LogicalDeviceConfiguration(memory_limit=cfg["cap_mib"])
     tf.config.set_logical_device_configuration(gpu, [limit] * stages)
-    from lingpipe import optimizers
 
     devices = [f"/device:GPU:{i}" for i in range(stages)]
     try:
         layer = Pipeline(cfg, layers, stages, micro, remat, devices).Instantiate()
-        variables = tf.nest.flatten(layer.theta)
-        opt = optimizers.Adam.Params().Instantiate()
-        opt.Build(variables)
-        step = common.TrainStep(layer, executor=True)
-
-        @tf.function(autograph=False)
-        def Train(x):
-            loss, grads = step(x)
-            opt.Apply(grads, variables, learning_rate=1e-4)
-            return loss
+        Train = common.AdamStep(layer)
 
         with tf.device(devices[0]):
             x = tf.random.stateless_normal([cfg["batch"], cfg["time"], cfg["dims"]], [1, 2])

@@ -151,6 +151,27 @@ def _ExecutorStep(layer):
     return Step
 
 
+def AdamStep(layer: Any, learning_rate: float = 1e-4) -> Any:
+    """A tf.function training step of `layer` through its executor with lingpipe's Adam
+    (slots built first, each beside its weight): Train(*inputs) -> loss."""
+    import tensorflow as tf
+
+    from lingpipe import optimizers
+
+    variables = tf.nest.flatten(layer.theta)
+    opt = optimizers.Adam.Params().Instantiate()
+    opt.Build(variables)
+    step = TrainStep(layer, executor=True)
+
+    @tf.function(autograph=False)
+    def Train(*inputs):
+        loss, grads = step(*inputs)
+        opt.Apply(grads, variables, learning_rate=learning_rate)
+        return loss
+
+    return Train
+
+
 def Machine() -> dict[str, Any]:
     import tensorflow as tf
 

@@ -132,24 +132,10 @@ def NvidiaSmi() -> dict:
 
 def _FirstStep() -> float:
     """Seconds of a first training step (trace, Adam, GPU kernels) of two small layers."""
-    import tensorflow as tf
-
-    from lingpipe import optimizers
-
     start = time.perf_counter()
     common.MODELS["transformer"] = dict(SIZES["smoke"]["model"], cells=2)
     layer = common.Build("transformer", 1, 2, "always")
-    variables = tf.nest.flatten(layer.theta)
-    opt = optimizers.Adam.Params().Instantiate()
-    opt.Build(variables)
-    step = common.TrainStep(layer, executor=True)
-
-    @tf.function(autograph=False)
-    def Train(x):
-        loss, grads = step(x)
-        opt.Apply(grads, variables, learning_rate=1e-4)
-        return loss
-
+    Train = common.AdamStep(layer)
     Train(*common.Inputs("transformer")).numpy()
     return time.perf_counter() - start
 
