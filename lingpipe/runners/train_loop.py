@@ -619,12 +619,16 @@ class Trainer:
         overflowed each time), so it must not end as a success; the final step is not
         saved."""
         ls = self._task.params.train.loss_scale
+        scale = scalars.get("loss_scale", float("nan"))
+        # Above its minimum the scale was still falling: more steps may have found one.
+        fix = "Lower train.loss_scale.initial_scale and min_scale"
+        if not self._AtMinScale(scalars):
+            fix = f"Run more steps, or lower train.loss_scale.initial_scale (now at {scale:g})"
         raise NonFiniteError(
             f"Steps {first}..{last}: every step was skipped (float16 gradients overflowed at "
-            f"the loss scale {scalars.get('loss_scale', float('nan')):g}, "
-            f"train.loss_scale.min_scale={ls.min_scale:g}), so the weights never changed; "
-            f"the last {self._LastGood()} Lower train.loss_scale.initial_scale and min_scale, "
-            "or train in bfloat16 or float32."
+            f"the loss scale {scale:g}, train.loss_scale.min_scale={ls.min_scale:g}), so the "
+            f"weights never changed; the last {self._LastGood()} {fix}, or train in bfloat16 "
+            "or float32."
         )
 
     def _Save(self, step: int) -> None:
@@ -714,7 +718,7 @@ class Trainer:
             applied += scalars.get("skipped_step", 0.0) == 0.0
             bar.Update(step, scalars["loss"], examples_per_step=batch_size)
             last = step == self._max_steps
-            if last and not applied and self._AtMinScale(scalars):
+            if last and not applied:
                 bar.Close()
                 self._NeverUpdated(start + 1, step, scalars)
             if iv.summary_steps and step % iv.summary_steps == 0 or last:

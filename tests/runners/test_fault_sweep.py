@@ -223,7 +223,8 @@ def test_an_export_beside_other_files_is_refused(capsys, tmp_path):
     assert Listing(tmp_path) == before
 
 
-def test_a_float16_run_that_skipped_every_step_fails_instead_of_reporting_done(tmp_path):
+@pytest.mark.parametrize("min_scale", [1e30, 1.0], ids=["at_min_scale", "scale_still_falling"])
+def test_a_float16_run_that_skipped_every_step_fails_instead_of_reporting_done(tmp_path, min_scale):
     import tensorflow as tf
 
     from lingpipe import model_registry
@@ -234,7 +235,8 @@ def test_a_float16_run_that_skipped_every_step_fails_instead_of_reporting_done(t
     p.Set(model_dims=16, hidden_dims=16, num_layers=1, num_heads=2, fprop_dtype=tf.float16)
     p.input.Set(batch_size=4, seq_len=8)
     p.train.max_steps = 4
-    p.train.loss_scale.Set(initial_scale=1e30, min_scale=1e30)
+    # Halving from 1e30 four times stays far above what float16 holds: every step skips.
+    p.train.loss_scale.Set(initial_scale=1e30, min_scale=min_scale)
     task = p.Instantiate()
     task.CreateOptimizer()
     trainer = train_loop.Trainer(
@@ -246,10 +248,14 @@ def test_a_float16_run_that_skipped_every_step_fails_instead_of_reporting_done(t
     )
     with pytest.raises(train_loop.NonFiniteError) as e:
         trainer.Train()
+    scale = "1e+30" if min_scale == 1e30 else "1.25e+29"  # the scale of the last step
     assert str(e.value).startswith(
-        "Steps 1..4: every step was skipped (float16 gradients overflowed at the loss "
-        "scale 1e+30, train.loss_scale.min_scale=1e+30), so the weights never changed; "
+        f"Steps 1..4: every step was skipped (float16 gradients overflowed at the loss "
+        f"scale {scale}, train.loss_scale.min_scale={min_scale:g}), so the weights never "
+        "changed; "
     ), str(e.value)
+    if min_scale == 1.0:
+        assert "Run more steps, or lower train.loss_scale.initial_scale" in str(e.value)
     state = rundir.ReadRunState(str(tmp_path / "run"))
     assert state.status == "failed" and state.step == 2  # ckpt-4 never written
 
