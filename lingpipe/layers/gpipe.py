@@ -101,6 +101,7 @@ class PipeliningLayer(base_layer.BaseLayer):
             "other backward in between: the last one under FProp and 'gpipe'), or 'never'; "
             "or a list of them, one per stage of the schedule (2 * num_stages for 'zbv' and "
             "'dualpipev', num_stages * num_virtual_stages when interleaved).",
+            text_types=(str, list, tuple),
         )
         p.Define(
             "input_shapes",
