@@ -119,15 +119,19 @@ def _ValuesEqual(a: Any, b: Any) -> bool:
 
 
 class _Param:
-    """One defined param: its value, description, and the base class a class value
-    read from text must derive from (None: no class to infer it from)."""
+    """One defined param: its value, description, the base class a class value read
+    from text must derive from (None: no class to infer it from), and the types text
+    may give it whatever its value (empty: the value's type decides, params_text.Coerce)."""
 
-    __slots__ = ("value", "description", "base")
+    __slots__ = ("value", "description", "base", "text_types")
 
-    def __init__(self, value: Any, description: str, base: type | None) -> None:
+    def __init__(
+        self, value: Any, description: str, base: type | None, text_types: tuple = ()
+    ) -> None:
         self.value = value
         self.description = description
         self.base = base
+        self.text_types = text_types
 
 
 class Params:
@@ -253,7 +257,13 @@ class Params:
     # ---- defining, getting and setting ---------------------------------------------
 
     def Define(
-        self, name: str, default: Any, description: str, *, base: type | None = None
+        self,
+        name: str,
+        default: Any,
+        description: str,
+        *,
+        base: type | None = None,
+        text_types: tuple[type, ...] = (),
     ) -> None:
         """Defines param `name` with a default value and a (required) description.
 
@@ -264,6 +274,10 @@ class Params:
           base: for a class-valued param, the class that `FromText` requires a class
             value to derive from. By default it is inferred from a class `default`
             (see the module docstring); declare it when the default is None.
+          text_types: the types `FromText` accepts for the param whatever its current
+            value, for a param that takes more than one (a policy name, or a list of
+            them with one per stage: `(str, list, tuple)`). By default the current
+            value's type decides (`params_text.Coerce`).
 
         Raises:
           ValueError: `name` is not a lower-case identifier, `description` is empty,
@@ -287,7 +301,8 @@ class Params:
                 "set it instead, or Delete() it first."
             )
         self._Attach(name, default)
-        self._params[name] = _Param(default, description, _DefinedBase(name, default, base))
+        base = _DefinedBase(name, default, base)
+        self._params[name] = _Param(default, description, base, tuple(text_types))
 
     def __getattr__(self, name: str) -> Any:
         # Only called when normal lookup fails. Underscore names are Python protocol
@@ -385,7 +400,7 @@ class Params:
         for key, param in self._params.items():
             value = _CopyValue(param.value)
             res._Attach(key, value)
-            res._params[key] = _Param(value, param.description, param.base)
+            res._params[key] = _Param(value, param.description, param.base, param.text_types)
         return res
 
     def __copy__(self) -> Params:
@@ -492,11 +507,12 @@ class Params:
                 ) from None
             current = self.Get(key)
             ok, value = params_text.Coerce(current, value)
-            if not ok:
+            text_types = self._TextTypes(key)
+            if not ok and not isinstance(value, text_types):
+                expected = params_text.ExpectedTypeName(current, text_types)
                 raise ValueError(
-                    f"FromText line {lineno}: param {key!r} expects "
-                    f"{params_text.ExpectedTypeName(current)}; received {value_text} "
-                    f"({params_text.TypeName(value)})."
+                    f"FromText line {lineno}: param {key!r} expects {expected}; received "
+                    f"{value_text} ({params_text.TypeName(value)})."
                 )
             if isinstance(value, type) and value is not current:
                 error = params_text.ClassError(key, value, self._ClassBase(key, current))
@@ -504,6 +520,11 @@ class Params:
                     raise ValueError(f"FromText line {lineno}: {error}")
             updates[key] = value
         return self.Set(**updates)
+
+    def _TextTypes(self, name: str) -> tuple[type, ...]:
+        """The types FromText accepts for dotted `name` whatever its value; see Define."""
+        node, step = self._Resolve(name)
+        return node._params[step].text_types if isinstance(node, Params) else ()
 
     def _ClassBase(self, name: str, current: Any) -> type | None:
         """The base class a class value of dotted `name` must derive from; see Define."""

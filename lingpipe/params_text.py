@@ -267,8 +267,12 @@ def ClassName(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def ExpectedTypeName(current: Any) -> str:
-    """What `Coerce` accepts in place of `current`, for an error message."""
+def ExpectedTypeName(current: Any, text_types: tuple[type, ...] = ()) -> str:
+    """What `Coerce` accepts in place of `current`, for an error message; `text_types`
+    (a param's declared types: Params.Define) name them instead: 'str, list or tuple'."""
+    if text_types:
+        names = [t.__name__ for t in text_types]
+        return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
     if isinstance(current, hyperparams.Params):
         return "a nested Params (set its fields as 'key.field : value', or None)"
     if isinstance(current, (list, tuple)):

@@ -525,6 +525,22 @@ def test_from_text_accepts_compatible_values():
     assert p.num_steps == 3 and p.nothing == "anything"
 
 
+def test_text_types_let_a_param_take_other_types_from_text():
+    p = Params()
+    p.Define("remat", "always", "A policy, or one per stage.", text_types=(str, list, tuple))
+    p.FromText("remat : ['always', 'never']")
+    assert p.remat == ["always", "never"]
+    q = p.Copy()
+    q.remat = "never"
+    assert q.FromText(p.ToText()) == p  # the list reads back where a str was
+    assert p.FromText("remat : 'never'").remat == "never"  # and a str where a list was
+    with pytest.raises(ValueError) as info:
+        p.FromText("remat : 3")
+    assert str(info.value) == (
+        "FromText line 1: param 'remat' expects str, list or tuple; received 3 (int)."
+    )
+
+
 def test_from_text_changes_nothing_when_a_line_fails():
     p = _Tree()
     with pytest.raises(ValueError, match="line 2"):

@@ -93,7 +93,9 @@ class Pipeline(model_base.PipelineModel):
         call, one example), or a list of layer calls per stage.
       schedule: fit's order of work ('gpipe', '1f1b', 'zero_bubble', 'zbv', ...), a
         Schedule value or the path of a CSV file (torch's format).
-      remat: 'always', 'except_last' or 'never'.
+      remat: 'always', 'except_last' or 'never', or a list of them with one per stage of
+        the schedule (recompute on the first stages only: ['always', 'never'] for 'gpipe'
+        on two devices; 'zbv' and 'dualpipev' have 2 * num_stages stages).
       devices: one device name per device; None takes the cluster's first num_stages.
       num_virtual_stages: stages per device for 'interleaved_1f1b', 'looped_bfs' and
         'interleaved_zero_bubble' (stage s on device s mod K).
@@ -107,7 +109,7 @@ class Pipeline(model_base.PipelineModel):
         split_points: Sequence[str] | None = None,
         partition: Any = "flops",
         schedule: str = "gpipe",
-        remat: str = "always",
+        remat: str | Sequence[str] = "always",
         devices: Sequence[str] | None = None,
         num_virtual_stages: int = 1,
         **kwargs: Any,

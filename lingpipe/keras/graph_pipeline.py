@@ -55,7 +55,8 @@ class GraphPipeline:
         stages), or None to cut by cost.
       partition: 'flops', 'params', 'uniform', or node counts per stage.
       schedule: ForwardBackward's order ('gpipe', '1f1b', 'zbv', ...; a Schedule or CSV path).
-      remat: 'always', 'except_last' or 'never'.
+      remat: 'always', 'except_last' or 'never', or a list of them with one per stage of
+        the schedule (2 * num_stages for 'zbv' and 'dualpipev').
       devices: one per device; None takes the cluster's first num_stages.
       num_virtual_stages: stages per device of the loop-placed interleaved schedules.
     """
@@ -68,20 +69,15 @@ class GraphPipeline:
         split_points: Sequence[str] | None = None,
         partition: Any = "flops",
         schedule: str = "gpipe",
-        remat: str = "always",
+        remat: remat_lib.Remat = "always",
         devices: Sequence[str] | None = None,
         where: str = "lingpipe.keras.Pipeline",
         num_virtual_stages: int = 1,
     ) -> None:
         self._where = where
         asserts.Positive(num_micro_batches, "num_micro_batches", where=where)
-        asserts.In(remat, remat_lib.POLICIES, "remat", where=where)
         asserts.Positive(num_virtual_stages, "num_virtual_stages", where=where)
-        self._num_micro_batches, self._schedule_name, self._remat = (
-            num_micro_batches,
-            schedule,
-            remat,
-        )
+        self._num_micro_batches, self._schedule_name = num_micro_batches, schedule
         self._num_virtual_stages = num_virtual_stages
         self._functional = graph_lib._Functional(model, where)  # noqa: SLF001
         self._graph = graph_lib.Trace(model, where)
@@ -91,6 +87,7 @@ class GraphPipeline:
         sched = self._Resolve(num_micro_batches)
         self._placement = sched.stage_devices
         num_chunks, label = sched.num_stages, None
+        self._remat = remat_lib.PerStage(remat, num_chunks, where=where)
         if num_chunks != num_stages:
             label = (
                 f"num_stages={num_stages} x {num_chunks // num_stages} stages per device of "
@@ -102,7 +99,7 @@ class GraphPipeline:
         # The outputs are merged even from one micro-batch.
         # Embeddings' gradients reach Keras' optimizer as slices, as the plain model's do.
         self._driver = driver.Driver(
-            self._devices, self._placement, remat, merge_one=True, sparse_grads=True
+            self._devices, self._placement, self._remat, merge_one=True, sparse_grads=True
         )
         self._MoveWeights()
         self._Index()
@@ -386,7 +383,8 @@ class GraphPipeline:
         return [[by_ref[v.ref()] for v in vs] for vs in self._variables]
 
     def KeptActivations(self, sched: schedule.Schedule) -> set:
-        """(stage, micro-batch) pairs whose activations are kept under remat."""
+        """(stage, micro-batch) pairs whose activations are kept under remat (each stage
+        under its own policy)."""
         return remat_lib.Kept(sched, self._remat)
 
     def ForwardBackward(

@@ -164,9 +164,11 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
 
     def get_config(self) -> dict:
         """keras.Model's config and the subclass's arguments (`self._knobs`), `schedule`
-        as JSON can hold it."""
+        and a per-stage `remat` as JSON can hold them."""
         config = dict(super().get_config(), **self._knobs)
         config["schedule"] = _ScheduleConfig(config["schedule"])
+        if not isinstance(config.get("remat", ""), str):
+            config["remat"] = list(config["remat"])
         return config
 
     @staticmethod

@@ -138,7 +138,8 @@ class PipelinedSequential(model_base.PipelineModel):
       num_stages: devices (K); the schedule runs one stage on each, or more (see
         `schedule` and `num_virtual_stages`).
       num_micro_batches: micro-batches each batch is split into.
-      remat: 'always', 'except_last' or 'never' (see PipeliningLayer).
+      remat: 'always', 'except_last' or 'never', or a list of them with one per stage of
+        the schedule (see PipeliningLayer).
       schedule: fit's order of work: a name ('gpipe', '1f1b', 'zero_bubble', the V-shaped
         'zbv' and 'dualpipev' with two stages per device, ...), a Schedule value or the
         path of a CSV file (torch's format).
@@ -154,7 +155,7 @@ class PipelinedSequential(model_base.PipelineModel):
         layers: Any,
         num_stages: int = 1,
         num_micro_batches: int = 1,
-        remat: str = "always",
+        remat: str | Sequence[str] = "always",
         schedule: str = "gpipe",
         devices: Sequence[str] | None = None,
         num_virtual_stages: int = 1,

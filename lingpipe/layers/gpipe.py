@@ -98,7 +98,10 @@ class PipeliningLayer(base_layer.BaseLayer):
             "always",
             "Recompute each stage's forward in backward: 'always', 'except_last' (keep, per "
             "stage, the micro-batch whose backward follows its forward most closely with no "
-            "other backward in between: the last one under FProp and 'gpipe'), or 'never'.",
+            "other backward in between: the last one under FProp and 'gpipe'), or 'never'; "
+            "or a list of them, one per stage of the schedule (2 * num_stages for 'zbv' and "
+            "'dualpipev', num_stages * num_virtual_stages when interleaved).",
+            text_types=(str, list, tuple),
         )
         p.Define(
             "input_shapes",
@@ -140,10 +143,10 @@ class PipeliningLayer(base_layer.BaseLayer):
         asserts.Positive(p.num_micro_batches, "num_micro_batches", where=self.path)
         if p.micro_batch_size is not None:
             asserts.Positive(p.micro_batch_size, "micro_batch_size", where=self.path)
-        asserts.In(p.remat, remat.POLICIES, "remat", where=self.path)
         asserts.Ge(p.batch_dim, 0, "batch_dim", where=self.path)
         self._placement = self._CheckSchedule()
         num_chunks = self._placement.num_stages
+        per_stage = remat.PerStage(p.remat, num_chunks, where=self.path)
         if num_chunks > len(cells):
             chunks, unit = f"num_stages={p.num_stages}", "stage"
             if num_chunks > p.num_stages:
@@ -155,7 +158,7 @@ class PipeliningLayer(base_layer.BaseLayer):
             )
         self._devices = cluster.PipelineDevices(p.devices, p.num_stages, self.path)
         stage_devices = self._placement.stage_devices
-        self._driver = driver.Driver(self._devices, stage_devices, p.remat, p.batch_dim)
+        self._driver = driver.Driver(self._devices, stage_devices, per_stage, p.batch_dim)
         self._metas = costs.CellMetas(p, cells, tuple(p.input_shapes)) if p.input_shapes else None
         self._cell_costs = self._CellCosts(cells)
         self._counts = self._Partition(cells, num_chunks)
@@ -409,7 +412,8 @@ class PipeliningLayer(base_layer.BaseLayer):
             raise ValueError(f"{self.path}: {e}") from None
 
     def KeptActivations(self, sched: schedule.Schedule) -> set[tuple[int, int]]:
-        """The (stage, micro-batch) pairs whose activations p.remat keeps (remat.Kept)."""
+        """The (stage, micro-batch) pairs whose activations p.remat keeps (remat.Kept),
+        each stage under its own policy when p.remat gives one per stage."""
         return remat.Kept(sched, self.params.remat)
 
     def ForwardBackward(

@@ -107,7 +107,13 @@ def DefinePipelineParams(p: hyperparams.Params) -> hyperparams.Params:
     """Defines the pipeline knobs every pipelined task has (and the trainer's flags set)."""
     p.Define("num_stages", 1, "Pipeline stages, one device each (1: unpipelined).")
     p.Define("num_micro_batches", 1, "Micro-batches each batch is split into.")
-    p.Define("remat", "always", "Recompute policy: 'always', 'except_last' or 'never'.")
+    p.Define(
+        "remat",
+        "always",
+        "Recompute policy: 'always', 'except_last' or 'never', or a list of them with one "
+        "per stage of the schedule (see PipeliningLayer).",
+        text_types=(str, list, tuple),
+    )
     p.Define("partition", "uniform", "How cells are cut into stages (see PipeliningLayer).")
     p.Define(
         "schedule",

@@ -34,14 +34,15 @@ def _ReadWhereItLives(x: Any) -> Any:
 @dataclasses.dataclass(frozen=True)
 class Driver:
     """Runs stages on `devices`, stage s on devices[stage_devices[s]] (the schedule's
-    placement), splitting along `batch_dim`, keeping activations under `remat`
-    (remat.Kept). `merge_one`: one micro-batch's outputs are merged too (an unbatched
-    leaf then gets a leading dimension of 1, as it gets M for M micro-batches).
-    `sparse_grads`: Run keeps embeddings' gradients as tf.IndexedSlices (executor.Run)."""
+    placement), splitting along `batch_dim`, keeping activations under `remat` (one
+    policy, or one per stage: remat.Kept). `merge_one`: one micro-batch's outputs are
+    merged too (an unbatched leaf then gets a leading dimension of 1, as it gets M for M
+    micro-batches). `sparse_grads`: Run keeps embeddings' gradients as tf.IndexedSlices
+    (executor.Run)."""
 
     devices: Sequence[str]
     stage_devices: tuple[int, ...]
-    remat: str
+    remat: remat.Remat
     batch_dim: int = 0
     merge_one: bool = False
     sparse_grads: bool = False

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from lingpipe import base_layer, hyperparams, optimizers
 from lingpipe.pipeline import costs, micro_batch, simulate
+from lingpipe.pipeline import remat as remat_lib
 from lingpipe.pipeline.schedule import BACKWARD, BACKWARD_INPUT, FORWARD, Action, Schedule
 
 # Ops whose output shares its input's buffer: a saved view costs what its source costs.
@@ -380,8 +381,9 @@ def _Allocators(devices: Sequence[str]) -> dict[str, str]:
     return {d: f"{n.device_type}:{n.device_index or 0}" for d, n in zip(devices, names)}
 
 
-def Note(sched: Schedule, remat: str, optimizer: Any) -> str:
-    """What an estimate assumed, in words: schedule, remat and the optimizer's slots."""
+def Note(sched: Schedule, remat: remat_lib.Remat, optimizer: Any) -> str:
+    """What an estimate assumed, in words: schedule, remat (a policy, or one per stage)
+    and the optimizer's slots."""
     if optimizer is None:
         opt = "no optimizer slots"
     elif isinstance(optimizer, (int, float)):
@@ -390,5 +392,5 @@ def Note(sched: Schedule, remat: str, optimizer: Any) -> str:
         opt = f"optimizer {(getattr(optimizer, 'cls', None) or type(optimizer)).__name__}"
     return (
         f"schedule={sched.name} K={sched.num_devices} M={sched.num_micro_batches} "
-        f"remat={remat}, {opt}"
+        f"remat={remat_lib.Text(remat)}, {opt}"
     )

@@ -1,5 +1,6 @@
 """lingpipe.keras.Pipeline: dropout under recomputation, Keras masks across a cut, schedules
-of two stages per device, and its config (save and load in this process)."""
+of two stages per device, one remat policy per stage, and its config (save and load in this
+process)."""
 
 import keras
 import numpy as np
@@ -7,6 +8,8 @@ import pytest
 import tensorflow as tf
 
 import lingpipe.keras as lpk
+from lingpipe import test_utils
+from lingpipe.pipeline import remat as remat_lib
 
 DEVICES = ["/device:CPU:1", "/device:CPU:2"]
 
@@ -139,6 +142,58 @@ def test_config_round_trip_and_keras_file(tmp_path):
     assert loaded.pipeline.devices == pipe.pipeline.devices
     assert loaded.pipeline.cut.stages == pipe.pipeline.cut.stages
     np.testing.assert_allclose(loaded.predict(x, verbose=0), want, atol=1e-6)
+
+
+def _TanhNet():
+    keras.utils.set_random_seed(4)
+    x = keras.Input((6,))
+    h = x
+    for i in range(3):
+        h = keras.layers.Dense(8, activation="tanh", name=f"d{i}")(h)
+    return keras.Model(x, keras.layers.Dense(1, name="out")(h))
+
+
+def test_one_remat_policy_per_stage_fits_as_the_plain_model_and_is_saved(tmp_path):
+    remat = ["always", "never", "except_last", "always"]  # zbv: 4 stages on 2 devices
+    model = _TanhNet()
+    plain = keras.models.clone_model(model)
+    plain.set_weights(model.get_weights())
+    pipe = lpk.Pipeline(
+        model, num_stages=2, num_micro_batches=4, schedule="zbv", remat=remat, devices=DEVICES
+    )
+    sched = pipe.pipeline.Schedule(4)
+    assert pipe.pipeline.KeptActivations(sched) == remat_lib.Kept(sched, remat)
+    for m in (pipe, plain):
+        m.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    x, y = _Data()
+    fit = dict(batch_size=8, epochs=2, shuffle=False, verbose=0)
+    history, plain_history = pipe.fit(x, y, **fit), plain.fit(x, y, **fit)
+    np.testing.assert_allclose(history.history["loss"], plain_history.history["loss"], rtol=1e-5)
+    test_utils.AssertAllClose(pipe.get_weights(), plain.get_weights(), rtol=1e-5, atol=1e-6)
+    assert pipe.get_config()["remat"] == remat
+    pipe.save(str(tmp_path / "pipe.keras"))
+    loaded = keras.models.load_model(str(tmp_path / "pipe.keras"))
+    assert loaded.get_config()["remat"] == remat
+    assert loaded.pipeline.KeptActivations(sched) == remat_lib.Kept(sched, remat)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), pipe.predict(x, verbose=0), atol=1e-6)
+
+
+def test_a_remat_list_of_the_wrong_length_or_policy_is_refused_in_one_line():
+    for remat, stages in ((["always", "never"], 4), (("never", "sometimes"), 2)):
+        schedule = "zbv" if stages == 4 else "1f1b"
+        with pytest.raises(ValueError) as e:
+            lpk.Pipeline(
+                _TanhNet(), num_stages=2, schedule=schedule, remat=remat, devices=DEVICES, name="p"
+            )
+        assert str(e.value) == (
+            "lingpipe.keras.Pipeline 'p': expected remat to be one of always, except_last, "
+            f"never or a list of them with one per stage ({stages} stages), received "
+            f"remat={remat!r}"
+        )
+    # A tuple is kept as the list a saved config holds.
+    pipe = lpk.Pipeline(_TanhNet(), num_stages=2, remat=("never", "always"), devices=DEVICES)
+    assert pipe.get_config()["remat"] == ["never", "always"]
+    assert lpk.Pipeline.from_config(pipe.get_config()).get_config()["remat"] == ["never", "always"]
 
 
 def _BatchNormNet():

@@ -48,9 +48,16 @@ def _StageDevice(variable):
     return variable.value.device[-5:]
 
 
-@pytest.mark.parametrize("num_stages,schedule", [(2, "gpipe"), (3, "1f1b")])
-def test_fit_gives_the_weights_of_the_plain_keras_model(num_stages, schedule):
-    model = _Model(num_stages, schedule=schedule)
+@pytest.mark.parametrize(
+    "num_stages,schedule,remat",
+    [
+        (2, "gpipe", "always"),
+        (3, "1f1b", "always"),
+        (3, "1f1b", ["never", "except_last", "always"]),
+    ],
+)
+def test_fit_gives_the_weights_of_the_plain_keras_model(num_stages, schedule, remat):
+    model = _Model(num_stages, schedule=schedule, remat=remat)
     ref = _Reference(model)
     x, y = _Data()
     history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
@@ -122,6 +129,23 @@ def test_errors_say_what_was_received():
     x, y = _Data()
     with pytest.raises(ValueError, match=r"input_shape=\(5,\).*or call the model on a batch"):
         model.fit(x, y, verbose=0)
+
+
+def test_one_remat_policy_per_stage_is_checked_and_saved_in_the_config():
+    model = _Model(2, remat=("never", "always"))
+    config = model.get_config()
+    assert config["remat"] == ["never", "always"]  # as JSON holds it
+    loaded = lpk.PipelinedSequential.from_config(config)
+    assert loaded.get_config()["remat"] == ["never", "always"]
+    assert loaded.pipeline.KeptActivations(loaded.pipeline.Schedule(4)) == {
+        (0, m) for m in range(4)
+    }
+    with pytest.raises(ValueError) as e:
+        _Model(2, schedule="zbv", remat=["always", "never"])
+    assert str(e.value) == (
+        "pipeline: expected remat to be one of always, except_last, never or a list of them "
+        "with one per stage (4 stages), received remat=['always', 'never']"
+    )
 
 
 def _InputSequential(kind):

@@ -17,6 +17,7 @@ from gpipe_cells import (
     SquareLoss,
     Transformer,
 )
+from test_executor import AssertSameAsReference
 
 from lingpipe import base_layer, seeds, test_utils
 from lingpipe.nested_map import NestedMap
@@ -39,6 +40,28 @@ def test_mlp_grid(k, m, remat):
     AssertSame(got, want)
     # No batch coupling: the reference equals the plain stack on the whole batch.
     test_utils.AssertAllCloseToScale(got[0], PlainStack(pipe, x))
+
+
+# One policy per stage (AdaPipe recomputes on the first stages only), V placement too.
+PER_STAGE = [
+    ("gpipe", 4, 4, ["always", "always", "never", "never"]),
+    ("gpipe", 2, 2, ["except_last", "never"]),
+    ("1f1b", 4, 8, ["never", "except_last", "always", "except_last"]),
+    ("1f1b", 2, 4, ("always", "never")),
+    ("zbv", 2, 4, ["always", "never", "except_last", "always"]),
+]
+
+
+@pytest.mark.parametrize("schedule,k,m,remat", PER_STAGE)
+def test_mlp_per_stage_remat(schedule, k, m, remat):
+    pipe = Pipeline([Mlp()] * 8, k, m, remat, schedule=schedule)
+    x = tf.random.normal([8, DIMS])
+    # Under a caller's tape (fill-drain over the schedule's placement)...
+    got, want = PipelineAndReference(pipe, (x,))
+    AssertSame(got, want)
+    test_utils.AssertAllCloseToScale(got[0], PlainStack(pipe, x))
+    # ... and in the schedule's own order.
+    AssertSameAsReference(pipe, (x,), rtol=1e-5)
 
 
 @pytest.mark.slow

@@ -118,8 +118,8 @@ def test_explicit_partition_that_does_not_add_up():
 def test_unknown_policies_and_missing_shapes():
     with pytest.raises(
         ValueError,
-        match=r"pipe: expected remat to be one of \['always', "
-        r"'except_last', 'never'\], received remat='sometimes'",
+        match=r"pipe: expected remat to be one of always, except_last, never or a list of "
+        r"them with one per stage \(1 stage\), received remat='sometimes'",
     ):
         Pipeline([Mlp()] * 2, 1, 1, remat="sometimes")
     with pytest.raises(
@@ -131,6 +131,27 @@ def test_unknown_policies_and_missing_shapes():
         Pipeline([Mlp()] * 2, 1, 1, partition="even")
     with pytest.raises(ValueError, match=r"pipe: partition='flops' needs input_shapes"):
         Pipeline([Mlp()] * 2, 2, 1, partition="flops")
+
+
+@pytest.mark.parametrize(
+    "kw,stages,received",
+    [
+        (dict(num_stages=4), 4, "['always', 'never']"),
+        (dict(num_stages=2, remat=["always", "sometimes"]), 2, "['always', 'sometimes']"),
+        (dict(num_stages=2, schedule="zbv"), 4, "['always', 'never']"),  # 2 per device
+        (dict(num_stages=2, schedule="interleaved_1f1b", num_virtual_stages=2), 4, None),
+        (dict(num_stages=2, remat=("never",) * 3), 2, "('never', 'never', 'never')"),
+    ],
+)
+def test_remat_per_stage_has_one_known_policy_per_stage_of_the_schedule(kw, stages, received):
+    kw = dict(dict(remat=["always", "never"]), **kw)
+    received = received or repr(kw["remat"])
+    with pytest.raises(ValueError) as e:
+        Pipeline([Mlp()] * 4, num_micro_batches=2, **kw)
+    assert str(e.value) == (
+        "pipe: expected remat to be one of always, except_last, never or a list of them with "
+        f"one per stage ({stages} stages), received remat={received}"
+    )
 
 
 def test_bad_cell_tpl():

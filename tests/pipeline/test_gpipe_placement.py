@@ -88,6 +88,22 @@ def test_recompute_really_recomputes(remat, recomputed):
             assert tanh_in_backward[(k, m)] == (2 if m in recomputed else 0), (k, m)
 
 
+@pytest.mark.parametrize(
+    "remat,recomputed",
+    [
+        (["always", "except_last"], [{0, 1, 2, 3}, {0, 1, 2}]),
+        (("never", "always"), [set(), {0, 1, 2, 3}]),
+    ],
+)
+def test_recompute_follows_each_stage_s_policy(remat, recomputed):
+    pipe = Pipeline([Mlp()] * 4, 2, 4, remat)
+    graph = _Graph(pipe, (tf.random.normal([8, DIMS]),), "tape")
+    tanh_in_backward = _ForwardOpsInBackward(graph, "Tanh")
+    for k in range(2):
+        for m in range(4):
+            assert tanh_in_backward[(k, m)] == (2 if m in recomputed[k] else 0), (k, m)
+
+
 class _BarrierCell(base_layer.BaseLayer):
     """Passes x through; (stage 0, micro-batch 1) and (stage 1, micro-batch 0) meet."""
 

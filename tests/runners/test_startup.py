@@ -66,6 +66,23 @@ def test_resolution_errors(overrides, message):
         startup.ResolveParams(LM, overrides)
 
 
+def test_remat_per_stage_from_an_override_or_a_params_file(tmp_path):
+    resolved = startup.ResolveParams(
+        LM, startup.Overrides(params_override="remat : ['always', 'never']", num_stages=2)
+    )
+    assert resolved.task.remat == ["always", "never"]
+    pipeline = resolved.task.Instantiate().pipeline
+    assert pipeline.KeptActivations(pipeline.Schedule(2)) == {(1, 0), (1, 1)}
+    params_file = tmp_path / "p.txt"
+    params_file.write_text("remat : ('never', 'except_last')\n")
+    overrides = startup.Overrides(params_file=str(params_file))
+    assert startup.ResolveParams(LM, overrides).task.remat == ("never", "except_last")
+    overrides.params_override = "remat : 'never'"
+    assert startup.ResolveParams(LM, overrides).task.remat == "never"
+    with pytest.raises(startup.UsageError, match=r"'remat' expects str, list or tuple"):
+        startup.ResolveParams(LM, startup.Overrides(params_override="remat : 1"))
+
+
 def test_unknown_model_and_family():
     with pytest.raises(startup.UsageError, match=r"--model=lm.Nope: Unknown model 'lm.Nope'"):
         startup.ResolveParams("lm.Nope", startup.Overrides())
