@@ -129,13 +129,14 @@ def test_trainer_trains_through_float16_overflow_and_exports(tmp_path, capsys):
             trainer.FLAGS.unparse_flags()
 
     logdir = str(tmp_path / "run")
-    # A loss scale that overflows float16 at every step: each step is skipped, the
-    # scale halves, and the run ends normally with finite checkpoints.
-    overflow = "train.loss_scale.initial_scale : 1e30; input.batch_size : 4"
+    # A loss scale that overflows float16 in the first steps: each is skipped and the
+    # scale halves until the steps apply; the run ends normally with finite checkpoints.
+    # (A run in which no step applies fails: test_fault_sweep.)
+    overflow = "train.loss_scale.initial_scale : 1e5; input.batch_size : 4"
     status = Main(
         f"--logdir={logdir}",
         "--mode=train",
-        "--max_steps=2",
+        "--max_steps=12",
         "--precision=float16",
         f"--params_override={overflow}",
     )
@@ -144,8 +145,9 @@ def test_trainer_trains_through_float16_overflow_and_exports(tmp_path, capsys):
     reader = tf.train.load_checkpoint(path)
     names = [n for n, _ in tf.train.list_variables(path)]
     scale = [n for n in names if "loss_scale/scale" in n]
-    assert scale and reader.get_tensor(scale[0]) == np.float32(1e30) / 4
-    assert [reader.get_tensor(n) for n in names if "iter" in n] == [0]
+    assert scale and reader.get_tensor(scale[0]) < np.float32(1e5) / 2  # halved, then kept
+    (applied,) = [reader.get_tensor(n) for n in names if "iter" in n]
+    assert 0 < applied < 12  # some steps skipped, the later ones applied
     for n in names:
         value = reader.get_tensor(n)
         if np.issubdtype(np.asarray(value).dtype, np.floating):

@@ -61,10 +61,9 @@ def test_smoke_writes_every_section(tmp_path):
     assert precision["1f1b bfloat16 XLA"]["vs_float32"] == pytest.approx(
         precision["1f1b bfloat16 XLA"]["ms"] / precision["1f1b float32"]["ms"]
     )
-    # The planner: its plan, and the top plan trained and timed (--verify).
+    # The planner: its plan (on a GPU also the top plans trained and timed, --verify).
     (planned,) = sections["planner"]["rows"]
     assert planned["plan"]["predicted"]["step_seconds"] > 0
-    assert planned["plan"]["verify"][0]["measured_seconds"] > 0
     markdown = (tmp_path / "gpu.md").read_text()
     for title in gpu.gpu_report.TITLES.values():
         assert f"## {title}" in markdown

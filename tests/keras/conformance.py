@@ -358,9 +358,10 @@ def Pipelined(feature: Feature, schedule: str, front: str) -> keras.Model:
     return piped
 
 
-def _Run(model: keras.Model, feature: Feature) -> dict:
+def _Run(model: keras.Model, feature: Feature, inference: bool = True) -> dict:
     """The model compiled, fitted, evaluated and predicted as the feature says: its
-    weights, history, evaluate's results and predictions (the last two for arrays)."""
+    weights, history, evaluate's results and predictions (the last two for arrays and
+    `inference`)."""
     model.compile(**feature.compile())
     data = feature.data()
     args = data if isinstance(data, dict) else dict(x=data[0], y=data[1])
@@ -370,7 +371,7 @@ def _Run(model: keras.Model, feature: Feature) -> dict:
         options.update(batch_size=16, shuffle=False)
     out = dict(history=_ByName(model.fit(**args, **options).history))
     out["weights"] = model.get_weights()
-    if batched:
+    if batched and inference:
         evaluate = dict(verbose=0, batch_size=feature.eval_batch, return_dict=True)
         out["evaluate"] = _ByName(model.evaluate(args["x"], args.get("y"), **evaluate))
         out["predict"] = model.predict(args["x"], batch_size=feature.eval_batch, verbose=0)
@@ -380,22 +381,25 @@ def _Run(model: keras.Model, feature: Feature) -> dict:
 _PLAIN: dict = {}  # id(feature) -> the plain model's _Run: one per process and feature
 
 
-def Compare(feature: Feature, schedule: str, front: str = "Pipeline") -> dict[str, float]:
-    """Fits, evaluates and predicts the plain model and its pipeline (`front`, 2 devices) on
-    the same data; returns the largest relative difference of each: weights, history,
-    evaluate, predict."""
+def Compare(
+    feature: Feature, schedule: str, front: str = "Pipeline", inference: bool = True
+) -> dict[str, float]:
+    """Fits the plain model and its pipeline (`front`, 2 devices) on the same data, and
+    with `inference` evaluates and predicts; returns the largest relative difference of
+    each: weights, history, evaluate, predict."""
     keras.mixed_precision.set_global_policy(feature.policy)
     try:
         if id(feature) not in _PLAIN:
             _PLAIN[id(feature)] = _Run(feature.model(), feature)
-        plain, piped = _PLAIN[id(feature)], _Run(Pipelined(feature, schedule, front), feature)
+        pipelined = Pipelined(feature, schedule, front)
+        plain, piped = _PLAIN[id(feature)], _Run(pipelined, feature, inference)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     figures = {
         "weights": max(_Relative(a, b) for a, b in zip(piped["weights"], plain["weights"])),
         "history": max(_Relative(piped["history"][k], v) for k, v in plain["history"].items()),
     }
-    if "evaluate" in plain:
+    if "evaluate" in piped:
         ev = plain["evaluate"]
         figures["evaluate"] = max(_Relative(piped["evaluate"][k], v) for k, v in ev.items())
         figures["predict"] = _Relative(piped["predict"], plain["predict"])

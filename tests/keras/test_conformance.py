@@ -22,7 +22,11 @@ CASES = [
 @pytest.mark.parametrize("name,schedule,front", CASES)
 def test_feature_equals_the_plain_model(name, schedule, front):
     feature = conformance.FEATURES[name]
-    figures = conformance.Compare(feature, schedule, front)
+    # The schedule orders training only: under 1f1b the model is cut and placed as under
+    # gpipe, so evaluate and predict (one forward-only order) are checked under gpipe
+    # and under zbv's V placement.
+    inference = schedule != "1f1b" or front != "Pipeline"
+    figures = conformance.Compare(feature, schedule, front, inference)
     worst = max(figures.values())
     assert worst <= feature.tolerance, f"{name} under {schedule} ({front}): {figures}"
 
