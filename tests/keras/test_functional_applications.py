@@ -92,11 +92,10 @@ def _CheckPlacement(pipe, model):
     [("ResNet50", 32), ("MobileNetV2", 32), ("EfficientNetB0", 64)],
 )
 def test_application_predict_and_fit_equal_plain_micro_batches(name, size):
-    """Over 2 stages, and ResNet50 over 4 too, each from the same initial weights,
-    against one reference."""
+    """ResNet50 over 4 stages, the others over 2, from the plain model's initial weights."""
     x, y = _Data(size=size)
     plain = None
-    for num_stages in (2, 4) if name == "ResNet50" else (2,):
+    for num_stages in (4,) if name == "ResNet50" else (2,):
         model = _App(name, size)
         if plain is None:
             plain = keras.models.clone_model(model)
