@@ -21,12 +21,13 @@ file system knows (local, gs://, ram://).
 
 Exit status, and what SIGTERM or SIGINT (Ctrl-C) does in each phase of a run:
   0    done
-  1    training failed: a non-finite loss or weights, a float16 run that never
-       updated, unreadable checkpoints, a file of the run that cannot be written
-       (a full disk), a lost or hung worker
+  1    training failed: a non-finite loss or weights, a run in which no step
+       updated the weights (float16 overflow), unreadable checkpoints, a write
+       that fails while the run goes (a full disk), a lost or hung worker
   2    bad command line, params or input (a model too big for the machine
-       included), or the logdir is in use by another run; the message says what
-       was expected
+       included), a path of the run taken by something else (params.txt,
+       checkpoints/ or run_state.json a directory or a file), or the logdir is in
+       use by another run; the message says what was expected
   3    stopped by SIGTERM or SIGINT; rerunning the same command resumes:
        - at start-up (the flags, TensorFlow's import, building and checking the
          model), from taking the logdir's lock to the first step, and in
