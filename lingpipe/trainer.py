@@ -623,7 +623,7 @@ def main(argv: list[str]) -> int:
         with stop_signals.StopBeforeSteps():
             return _Main()
     except stop_signals.Stopped as e:
-        print(f"lingpipe.trainer: {e}", file=sys.stderr)
+        print(f"lingpipe.trainer: {stop_signals.Original(e)}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
         print(

@@ -37,6 +37,15 @@ class Stopped(RuntimeError):
     which, at what step, and that rerunning the same command resumes)."""
 
 
+def Original(stop: Stopped) -> Stopped:
+    """The Stopped that `stop` wraps, if it wraps one: a signal that lands while a pipeline
+    action is built is raised again naming the action (executor), its cause the stop
+    itself, whose message is the one the trainer prints."""
+    while isinstance(stop.__cause__, Stopped):
+        stop = stop.__cause__
+    return stop
+
+
 def Uninterruptible(fn: _F) -> _F:
     """Marks `fn`: a SIGTERM or SIGINT that StopBeforeSteps or StopSignals would raise
     while `fn` (or anything it calls) runs is sent again just after it instead, so

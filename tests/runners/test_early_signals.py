@@ -285,3 +285,17 @@ def test_a_signal_just_after_the_lock_is_taken_releases_it_with_one_line_and_sta
     assert (status, lines[-1:]) == (3, [_STOPPED.format(signal.Signals(signum).name)])
     assert not any("Traceback" in line for line in lines)
     assert os.listdir(logdir) == [] and not stray_signals
+
+
+def test_a_stop_raised_inside_a_pipeline_action_keeps_its_own_line():
+    # A signal while the first step is traced lands inside an action; the executor names
+    # the action in the error it raises again, and the trainer prints the stop's line.
+    from lingpipe.pipeline import executor, generators
+
+    sched = generators.Make("gpipe", 2, 2)
+    stop = stop_signals.Stopped("Stopped by SIGTERM before any step ran; rerun to resume")
+    try:
+        raise executor._Named(stop, sched, sched.device_actions[0][1], "/device:CPU:0") from stop
+    except stop_signals.Stopped as wrapped:
+        assert str(wrapped).startswith("pipeline: F s0 mb1 on device 0")
+        assert str(stop_signals.Original(wrapped)) == str(stop)
