@@ -22,7 +22,8 @@ pipeline's variables, on the stages' devices) are the model's weights:
 What this class gives:
   - `compile` builds the optimizer eagerly, each slot beside its weight.
   - `call`, `evaluate`, `predict`: the pipelined forward (batch of any size).
-  - `fit`: each batch through ForwardBackward: the compiled loss (nested outputs,
+  - `fit`: each batch through ForwardBackward (lingpipe.keras.step_losses): the
+    compiled loss (nested outputs,
     per-output losses, loss weights, sample weights) plus the losses layers added,
     per micro-batch on the last stage, weighted by the micro-batch's rows (by its
     valid entries for a masked output), so the step's loss and gradients are those
@@ -41,7 +42,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import inspect
-import itertools
 import math
 import os
 import re
@@ -52,9 +52,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 from keras import tree
-from keras.src.backend.common import masking  # Keras masks are not in its public API
 
 from lingpipe import base_layer, cluster, seeds
+from lingpipe.keras import step_losses
 from lingpipe.nested_map import NestedMap
 from lingpipe.pipeline import gradient_sums
 from lingpipe.pipeline import schedule as schedule_lib
@@ -113,17 +113,6 @@ def EnsureDevices(num_stages: int, devices: Sequence[str] | None, where: str) ->
 # when the batch is known, else by an assertion at run time), and terminal colour codes.
 _TOO_SMALL = re.compile(r"[^\s\[\]]+: [^\n\[\]]*num_micro_batches[^\n\[\]]*")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-class _NoLossMetrics:
-    """Stands in for CompileLoss' per-output loss metrics while a micro-batch's loss is
-    computed (they are updated once, on the whole batch): every metric is None."""
-
-    def __len__(self) -> int:
-        return 1
-
-    def __iter__(self) -> Any:
-        return itertools.repeat(None)
 
 
 class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
@@ -295,62 +284,6 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
                 grads[v.ref()] = gradient_sums.Add(grads.get(v.ref()), g)
         return [grads.get(w.value.ref()) for w in self.trainable_weights]
 
-    def _LossScale(self) -> Any:
-        """The compiled optimizer's loss scale (mixed_float16's LossScaleOptimizer), or None."""
-        optimizer = self.optimizer
-        if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            return None
-        return tf.convert_to_tensor(optimizer.scale_loss(tf.constant(1.0)))
-
-    def _MicroBatchLoss(self, y: Any, y_pred: Any, sample_weight: Any) -> tf.Tensor:
-        """The compiled loss of one micro-batch, its per-output loss metrics left alone
-        (train_step updates them once, on the whole batch, as Keras' own step does)."""
-        compile_loss = self._compile_loss
-        if compile_loss is None or not compile_loss.built or not compile_loss.metrics:
-            return self.compute_loss(y=y, y_pred=y_pred, sample_weight=sample_weight)
-        kept = compile_loss._metrics  # noqa: SLF001 (CompileLoss reads it in call())
-        compile_loss._metrics = _NoLossMetrics()  # noqa: SLF001
-        try:
-            return self.compute_loss(y=y, y_pred=y_pred, sample_weight=sample_weight)
-        finally:
-            compile_loss._metrics = kept  # noqa: SLF001
-
-    def _LossFn(self, predictions: list) -> Any:
-        """loss_fn(y_pred, layer_loss, micro) of the pipeline's ForwardBackward: the
-        micro-batch's compiled loss plus its layers' losses, weighted as Keras reduces the
-        batch: by rows, or by the valid entries of a masked output. Appends each
-        micro-batch's (flat y_pred, flat masks, rows) to `predictions`."""
-
-        def LossFn(y_pred: Any, layer_loss: Any, micro: NestedMap) -> NestedMap:
-            loss = self._MicroBatchLoss(micro.y, y_pred, micro.get("sample_weight"))
-            flat = tf.nest.flatten(y_pred)
-            masks = [masking.get_keras_mask(t) for t in flat]
-            if not base_layer.IsRecomputing():
-                predictions.append((y_pred, masks, micro.row))
-            weight = tf.cast(tf.shape(micro.row)[0], loss.dtype)
-            masked = [m for m in masks if m is not None]
-            if masked:
-                # Keras divides a masked loss by its valid entries, not by its rows.
-                self._CheckMaskedLoss(len(flat), layer_loss)
-                weight = tf.reduce_sum(tf.cast(masked[0], loss.dtype))
-            if layer_loss is not None:
-                loss += tf.cast(layer_loss, loss.dtype)
-            return NestedMap(loss=(loss, weight))
-
-        return LossFn
-
-    def _CheckMaskedLoss(self, num_outputs: int, layer_loss: Any) -> None:
-        """A masked output's loss is weighted by its valid entries; with other outputs or
-        with layers' losses (weighted by rows) one step cannot weigh both exactly."""
-        other = "several outputs" if num_outputs > 1 else "losses added by layers"
-        if num_outputs > 1 or layer_loss is not None:
-            raise ValueError(
-                f"{type(self).__name__} {self.name!r}: an output with a Keras mask and "
-                f"{other} in one model: the pipeline weighs each micro-batch's loss by "
-                "one count (the mask's valid entries) and would differ from the plain "
-                "model; apply the mask in the loss (sample_weight) instead of a Keras mask"
-            )
-
     def train_step(self, data: Any) -> dict:
         """One batch through the pipeline's schedule; the compiled loss per micro-batch."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -359,8 +292,8 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         self._clear_losses()  # a previous call's layer losses: the pipeline adds its own
         batch = tf.shape(tf.nest.flatten(x)[0])[0]
         predictions: list = []
-        loss_fn = self._LossFn(predictions)
-        pipeline, scale = self._pipeline, self._LossScale()
+        loss_fn = step_losses.LossFn(self, predictions)
+        pipeline, scale = self._pipeline, step_losses.LossScale(self.optimizer)
         if not hasattr(pipeline, "FPropWithLosses"):  # a PipeliningLayer's loss_fn
             loss_fn = lambda y_pred, micro, fn=loss_fn: fn(y_pred, None, micro)  # noqa: E731
         # Each example's row: the merged predictions keep the batch's order whatever
@@ -380,11 +313,11 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
             # gradients) and unscaled its float32 sums; the LossScaleOptimizer wants them
             # scaled, as the plain model's tape gives them: it unscales, checks they are
             # finite, and skips the step (halving the scale) where they are not.
-            grads = [_Times(g, scale) for g in grads]
+            grads = [step_losses.Scaled(g, scale) for g in grads]
         self.optimizer.apply(grads, self.trainable_weights)
         loss, _ = out.metrics.loss
         self._loss_tracker.update_state(loss, sample_weight=batch)
-        y_pred = _Stitched(predictions)
+        y_pred = step_losses.Stitched(predictions)
         if self._compile_loss is not None and self._compile_loss.metrics:
             self._compile_loss(y, y_pred, sample_weight)  # the per-output loss metrics
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
@@ -511,31 +444,6 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
         return f"Pipeline stages of {self.name!r}:\n" + "\n".join(lines)
-
-
-def _Stitched(predictions: list) -> Any:
-    """The micro-batches' (y_pred, masks, rows) as the batch's y_pred, in the batch's
-    row order, each output with its merged Keras mask."""
-    rows = [r for _, _, r in predictions]
-    flat = []
-    for i, leaf in enumerate(zip(*[tf.nest.flatten(y) for y, _, _ in predictions])):
-        merged = tf.dynamic_stitch(rows, list(leaf))
-        masks = [m[i] for _, m, _ in predictions]
-        if masks[0] is not None:
-            masking.set_keras_mask(merged, tf.dynamic_stitch(rows, masks))
-        flat.append(merged)
-    return tf.nest.pack_sequence_as(predictions[0][0], flat)
-
-
-def _Times(g: Any, factor: tf.Tensor) -> Any:
-    """g * factor for a gradient (None, a tensor or tf.IndexedSlices)."""
-    if g is None:
-        return None
-    if isinstance(g, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            g.values * tf.cast(factor, g.values.dtype), g.indices, g.dense_shape
-        )
-    return g * tf.cast(factor, g.dtype)
 
 
 def _Size(weight: Any) -> int:
