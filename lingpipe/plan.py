@@ -99,7 +99,7 @@ class RegisteredModel:
 
     def Memory(self, c: Any) -> list[int]:
         """Bytes per device of one pipeline of candidate `c` in a training step."""
-        from lingpipe.pipeline import generators, memory, remat
+        from lingpipe.pipeline import generators, memory, partition, remat
 
         batch = self.global_batch // c.replicas
         pipe_p = self._PipelineParams(
@@ -117,10 +117,7 @@ class RegisteredModel:
             self._traced[key] = memory.TracedFor(
                 pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes), c.num_micro_batches
             )
-        bounds, cells = [], 0
-        for n in c.partition:
-            bounds.append(list(range(cells, cells + n)))
-            cells += n
+        bounds = [list(range(a, b)) for a, b in partition.Boundaries(list(c.partition))]
         stages = memory.Estimate(
             pipe_p,
             pipe_p.cell_tpl,

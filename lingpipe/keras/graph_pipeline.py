@@ -356,8 +356,7 @@ class GraphPipeline:
             )
             return self._PackOutputs(outputs)
         with tf.device(self._devices[0]), tf.name_scope("pad_to_micro_batches"):
-            rows = tf.minimum(tf.range(tf.maximum(batch, m)), batch - 1)
-            padded = tuple(tf.gather(x, rows) for x in flat)
+            padded = micro_batch.PadToMicroBatches(flat, batch, m)
         stages = self._Stages(theta, False, None)
         outputs, _ = self._driver.Forward(stages, padded, self._Sizes(padded))
         with tf.device(self._driver.last_device), tf.name_scope("unpad"):

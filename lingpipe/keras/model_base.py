@@ -56,7 +56,7 @@ from keras import tree
 from lingpipe import base_layer, cluster, seeds
 from lingpipe.keras import step_losses
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import gradient_sums
+from lingpipe.pipeline import gradient_sums, micro_batch
 from lingpipe.pipeline import schedule as schedule_lib
 
 
@@ -270,8 +270,7 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         outputs are cut back (rows do not meet in inference: the plain model's result)."""
         pipeline, m = self._pipeline, self._knobs["num_micro_batches"]
         batch = tf.shape(tree.flatten(inputs)[0])[0]
-        rows = tf.minimum(tf.range(tf.maximum(batch, m)), batch - 1)
-        padded = tree.map_structure(lambda x: tf.gather(x, rows), inputs)
+        padded = micro_batch.PadToMicroBatches(inputs, batch, m)
         outputs = pipeline.FProp(pipeline.theta, padded)
         return tree.map_structure(lambda t: t[:batch], outputs)
 

@@ -99,7 +99,7 @@ def _Configs(layers: list, where: str) -> list[dict]:
         at = f"{where}: layers[{i}] ({cls} {layer.name!r})"
         try:
             config = _Config(layer)
-        except NotImplementedError:  # Keras' words: 'non-serializable argument values'
+        except NotImplementedError:  # Layer.get_config's answer to arguments it cannot serialize
             raise ValueError(
                 f"{at} cannot be serialized: it was made with __init__ arguments Keras cannot "
                 f"serialize {_REBUILD}; give {cls} a get_config() that returns them as plain "

@@ -52,6 +52,14 @@ def Describe(x: Any) -> str:
     return f"{x.dtype.name}{list(x.shape)}" if hasattr(x, "shape") else repr(x)
 
 
+def PadToMicroBatches(inputs: Any, batch: Size, num_micro_batches: int) -> Any:
+    """`inputs` ([batch, ...] leaves) with at least num_micro_batches rows: a smaller batch
+    gets its last row repeated, so each real row is a micro-batch of its own (for
+    inference, where rows do not meet; cut the outputs back to `batch` rows)."""
+    rows = tf.minimum(tf.range(tf.maximum(batch, num_micro_batches)), batch - 1)
+    return tf.nest.map_structure(lambda x: tf.gather(x, rows), inputs)
+
+
 def Sizes(batch: Size, num_micro_batches: int, where: str = "pipeline") -> list[Size]:
     """Micro-batch sizes (module doc): Python ints for a static batch; for a batch known
     only at run time, M scalar int32 tensors, after a run-time check that batch >= M."""
