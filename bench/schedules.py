@@ -34,7 +34,8 @@ from bench import common  # noqa: E402
 
 SCHEDULES = [
     ("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1), ("zbv", 1),
-    ("looped_bfs", 2), ("interleaved_zero_bubble", 2), ("dualpipev", 1),
+    ("looped_bfs", 2), ("interleaved_zero_bubble", 2), ("dualpipev", 1), ("v_half", 1),
+    ("v_min", 1),
 ]  # fmt: skip
 
 
