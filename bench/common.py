@@ -206,6 +206,10 @@ def _Fmt(v: Any) -> str:
 
 
 def WriteJson(path: str, payload: dict[str, Any]) -> None:
+    """Writes `payload` (with today's UTC date unless it has one: bench/tables.py shows it)."""
+    import datetime
+
+    payload = {"date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(), **payload}
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
