@@ -89,8 +89,13 @@ def test_bench_readme_tables_are_what_tables_py_writes_from_the_json():
 def test_tables_show_a_new_benchmarks_json_with_its_machine_and_date(tmp_path):
     """bench/plan.py's JSON (or any new one of the common shape) gets a table as it lands."""
     payload = {
-        "machine": {"tf": "2.21.0", "python": "3.11.7", "cpu_count": 16, "machine": "x86_64",
-                    "gpus": ["/physical_device:GPU:0"]},
+        "machine": {
+            "tf": "2.21.0",
+            "python": "3.11.7",
+            "cpu_count": 16,
+            "machine": "x86_64",
+            "gpus": ["/physical_device:GPU:0"],
+        },
         "date": "2026-12-01",
         "rows": [{"model": "lm.TransformerLmTiny", "predicted_s": 0.0123, "measured_s": None}],
     }
@@ -114,8 +119,12 @@ def test_keras_conformance_page_is_what_its_script_writes_from_the_json():
 
 
 def test_params_table_lists_what_params_defines_with_the_bases():
-    rows = {name: (default, owner) for name, default, _, owner in
-            params_tables.ParamsRows("lingpipe.layers.gpipe.PipeliningLayer", ROOT)}
+    rows = {
+        name: (default, owner)
+        for name, default, _, owner in params_tables.ParamsRows(
+            "lingpipe.layers.gpipe.PipeliningLayer", ROOT
+        )
+    }
     from lingpipe.layers import gpipe
 
     defined = {name for name, _ in gpipe.PipeliningLayer.Params().IterParams()} - {"cls"}
@@ -138,3 +147,18 @@ def test_mkdocs_strict_build(tmp_path):
     assert "num_micro_batches" in api and "ForwardBackward" in api
     keras_api = (tmp_path / "site" / "api" / "keras" / "index.html").read_text()
     assert "split_points" in keras_api
+
+
+def test_trainer_guide_names_every_flag_of_the_trainers_help():
+    shown = subprocess.run(
+        [sys.executable, "-m", "lingpipe.trainer", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    flags = set(re.findall(r"^\s+--(?:\[no\])?([a-z_]+)", shown, re.M)) - {"help", "helpfull"}
+    assert "max_steps" in flags, shown[-2000:]
+    guide = _Read("docs/trainer.md")
+    missing = sorted(f for f in flags if f"`--{f}" not in guide)
+    assert not missing, missing

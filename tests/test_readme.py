@@ -1,5 +1,7 @@
-"""README.md's Python blocks run as printed, each alone in a fresh Python process on a
-CPU-only machine (no GPU is made visible), so that a new user can paste any of them.
+"""The Python blocks of README.md and of the guides in docs/ run as printed, each alone
+in a fresh Python process on a CPU-only machine (no GPU is made visible), so that a new
+user can paste any of them. A block printed on several pages (README's screens repeat
+the guides') runs once.
 
 A block runs as a script, with the checkout first on PYTHONPATH and a fresh
 working directory. Two comments on a block's first line change that:
@@ -15,6 +17,7 @@ Keep the second rare: a block that needs N pipeline devices calls
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import subprocess
@@ -24,7 +27,9 @@ import textwrap
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(ROOT, "README.md")
+PAGES = ["README.md"] + sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
+)
 TIMEOUT_S = 180
 _FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 _FILE = re.compile(r"#\s*((?:\w+/)*\w+)\.py\s*$")
@@ -32,30 +37,56 @@ _NOT_RUN = re.compile(r"#\s*readme:\s*not run\s*\((.+)\)")
 
 
 class Block:
-    """One ```python block: its text, first line number and README section."""
+    """One ```python block: its text, page, first line number and section."""
 
-    def __init__(self, text: str, line: int, section: str) -> None:
+    def __init__(self, text: str, line: int, section: str, page: str = "README.md") -> None:
         self.text, self.line, self.section = textwrap.dedent(text), line, section
+        self.page = page
+        self.also: list[str] = []  # other places that print the same block
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
     @property
     def id(self) -> str:
         words = re.sub(r"[^A-Za-z0-9]+", "_", self.section).strip("_").lower()
-        return f"line{self.line}_{words[:30]}"
+        page = re.sub(r"[^A-Za-z0-9]+", "_", os.path.splitext(self.page)[0]).lower()
+        return f"{page}_line{self.line}_{words[:30]}"
 
 
-def Blocks(markdown: str) -> list[Block]:
+def Blocks(markdown: str, page: str = "README.md") -> list[Block]:
     """Every ```python block of `markdown`, in order."""
     blocks = []
     for match in _FENCE.finditer(markdown):
         before = markdown[: match.start()]
-        sections = re.findall(r"^## (.+)$", before, re.M)
+        sections = re.findall(r"^#{1,2} (.+)$", before, re.M)
         line = before.count("\n") + 2  # the block's first line, 1-based
-        blocks.append(Block(match.group(1), line, sections[-1] if sections else "top"))
+        blocks.append(Block(match.group(1), line, sections[-1] if sections else "top", page))
     return blocks
 
 
-with open(README, encoding="utf-8") as _f:
-    BLOCKS = Blocks(_f.read())
+def Unique(blocks: list[Block]) -> list[Block]:
+    """The blocks with distinct text, each noting where else it is printed."""
+    first: dict[str, Block] = {}
+    for block in blocks:
+        if block.text in first:
+            first[block.text].also.append(block.where)
+        else:
+            first[block.text] = block
+    return list(first.values())
+
+
+def _PageBlocks() -> list[Block]:
+    blocks = []
+    for page in PAGES:
+        with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+            blocks += Blocks(f.read(), page)
+    return blocks
+
+
+ALL_BLOCKS = _PageBlocks()
+BLOCKS = Unique(ALL_BLOCKS)
 
 
 def _Env() -> dict[str, str]:
@@ -93,12 +124,29 @@ def test_readme_has_python_blocks_and_the_parser_finds_each():
     assert len(BLOCKS) >= 5, [b.id for b in BLOCKS]
 
 
+def test_the_same_block_on_two_pages_runs_once():
+    one = Blocks("## A\n```python\nx = 1\n```\n", "README.md")
+    two = Blocks("# Guide\n\n```python\nx = 1\n```\n```python\ny = 2\n```\n", "docs/g.md")
+    unique = Unique(one + two)
+    assert [(b.where, b.also) for b in unique] == [
+        ("README.md:3", ["docs/g.md:4"]),
+        ("docs/g.md:7", []),
+    ]
+    assert unique[1].id == "docs_g_line7_guide"
+
+
+def test_readme_and_every_guide_with_code_have_their_blocks_found():
+    pages = {b.page for b in ALL_BLOCKS}
+    for page in ("README.md", "docs/pipeline.md", "docs/keras.md", "docs/schedules.md"):
+        assert page in pages, sorted(pages)
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_readme_block_runs_as_printed(block, tmp_path):
     not_run = _NOT_RUN.search(block.text)
     if not_run:
-        compile(block.text, f"README.md:{block.line}", "exec")
-        pytest.skip(f"README.md:{block.line} is marked not run ({not_run.group(1)})")
+        compile(block.text, block.where, "exec")
+        pytest.skip(f"{block.where} is marked not run ({not_run.group(1)})")
     done = subprocess.run(
         _Command(block, str(tmp_path)),
         cwd=tmp_path,
@@ -108,6 +156,6 @@ def test_readme_block_runs_as_printed(block, tmp_path):
         timeout=TIMEOUT_S,
     )
     assert done.returncode == 0, (
-        f"README.md line {block.line} (section {block.section!r}) failed with exit "
+        f"{block.where} (section {block.section!r}; also at {block.also}) failed with exit "
         f"{done.returncode}:\n{block.text}\n--- stderr (end) ---\n{done.stderr[-3000:]}"
     )

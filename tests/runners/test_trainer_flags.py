@@ -47,10 +47,10 @@ def _Collapsed(text):
     return " ".join(text.split())
 
 
-def test_help_and_readme_give_the_same_exit_statuses():
+def test_help_and_the_trainer_guide_give_the_same_exit_statuses():
     shown = _Trainer("--help").stdout
     in_help = shown[shown.index("Exit status,") : shown.index("\nflags:")]
-    with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")) as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "trainer.md")) as f:
         readme = f.read()
     start = readme.index("```text\nExit status,") + len("```text\n")
     in_readme = readme[start : readme.index("```", start)]
