@@ -85,9 +85,16 @@ def _Makespan(sched: Schedule, compute: Mapping[Action, float], scales, per_acti
     return simulate.Simulate(sched, costs).makespan
 
 
-def Fit(spans: Sequence, sched: Schedule, compute: Mapping[Action, float]) -> Calibration:
+def Fit(
+    spans: Sequence,
+    sched: Schedule,
+    compute: Mapping[Action, float],
+    measured_step_s: float | None = None,
+) -> Calibration:
     """The calibration of `compute` ({action of `sched`: predicted seconds of its cells})
     against `spans` (timeline.Spans of one or more recorded steps of `sched`).
+    `measured_step_s`: the pipeline's makespan timed without the profiler (which slows
+    a recorded step); None takes the recorded steps' mean makespan.
 
     Raises:
       ValueError: spans of actions that `compute` does not list, or no spans.
@@ -105,7 +112,7 @@ def Fit(spans: Sequence, sched: Schedule, compute: Mapping[Action, float]) -> Ca
         max(s.end_us for s in spans if s.step == i) - min(s.start_us for s in spans if s.step == i)
         for i in steps
     ]
-    measured = sum(windows) / len(windows) / 1e6
+    measured = measured_step_s or sum(windows) / len(windows) / 1e6
     lo, hi = 0.0, measured
     if _Makespan(sched, compute, scales, overhead) >= measured:
         hi = 0.0

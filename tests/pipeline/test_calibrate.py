@@ -49,6 +49,11 @@ def test_the_gaps_between_ops_are_fitted_to_the_measured_step():
     assert cal.overhead_s == pytest.approx(1e-4, rel=1e-6)
     assert cal.step_overhead_s == pytest.approx(3e-4, rel=1e-6)
     assert cal.action_s == pytest.approx(4e-4, rel=1e-6)
+    # A step timed without the profiler (faster) lowers the gap, not the busy fit.
+    unprofiled = calibrate.Fit(spans, sched, compute, measured_step_s=cal.measured_step_s * 0.9)
+    assert unprofiled.overhead_s == pytest.approx(1e-4, rel=1e-6)
+    assert 0 < unprofiled.step_overhead_s < 3e-4
+    assert unprofiled.measured_step_s == pytest.approx(cal.measured_step_s * 0.9)
 
 
 def test_spans_of_another_schedule_are_refused_by_name():
