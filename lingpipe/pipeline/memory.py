@@ -9,6 +9,10 @@ Per stage:
   remat policy: the peak over the schedule's simulated time of what the micro-batches
   hold (`ActivationEvents`).
 - workspace: a backward's transients for one micro-batch (`Workspace`).
+- deferred weight gradients (split-backward schedules: zero_bubble, zbv, v_half, v_min,
+  ...): from a micro-batch's I to its W, the gradients that the weight-gradient ops will
+  read (a matmul's output gradient dz for x^T dz), computed by I and held for W
+  (`CellMemory.deferred_bytes`). They peak together with the activations.
 
 A cell's activations are measured, not guessed: `TraceCells` builds each cell in a
 throw-away graph (no memory is allocated, so a model too big for the machine can be
@@ -52,6 +56,8 @@ class CellMemory:
       input_saved_bytes: the part of the inputs its backward reads.
       output_saved_bytes: the part of `saved_bytes` that is the cell's outputs.
       output_bytes: the cell's outputs.
+      deferred_bytes: gradient tensors that the weight-only gradient ops read and the
+        input-gradient ops make (or receive): what a split backward holds from I to W.
       out_specs: the outputs as tf.TensorSpecs, the next cell's inputs.
     """
 
@@ -64,6 +70,7 @@ class CellMemory:
     output_saved_bytes: int
     output_bytes: int
     out_specs: Any
+    deferred_bytes: int = 0
 
 
 @dataclasses.dataclass
@@ -112,9 +119,13 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
         flat_out = [y for y in tf.nest.flatten(outputs) if y.dtype.is_floating]
         trainable = list(cell.trainable_variables)
         forward = set(graph.get_operations())
+        grads = []
         if flat_out:
-            tf.gradients(flat_out, flat_in + trainable, grad_ys=[_Placeholder(y) for y in flat_out])
-        read = [_Source(t) for op in graph.get_operations() if op not in forward for t in op.inputs]
+            dys = [_Placeholder(y) for y in flat_out]
+            grads = tf.gradients(flat_out, flat_in + trainable, grad_ys=dys)
+        backward = [op for op in graph.get_operations() if op not in forward]
+        read = [_Source(t) for op in backward for t in op.inputs]
+        deferred = _DeferredBytes(backward, grads[: len(flat_in)], grads[len(flat_in) :])
     saved = {}  # {tensor: bytes} of the forward tensors (views resolved) the gradient ops read
     for src in read:
         if src.op in forward and src.op.type not in _NOT_ACTIVATIONS:
@@ -133,7 +144,35 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
         out_specs=tf.nest.map_structure(
             lambda y: tf.TensorSpec(y.shape, y.dtype), costs.AsArgs(outputs)
         ),
+        deferred_bytes=deferred,
     )
+
+
+def _Ancestors(tensors: Sequence[Any], within: set) -> set:
+    seen, todo = set(), [t.op for t in tensors if t is not None]
+    while todo:
+        op = todo.pop()
+        if op in seen or op not in within:
+            continue
+        seen.add(op)
+        todo.extend(t.op for t in op.inputs)
+    return seen
+
+
+def _DeferredBytes(backward: list, input_grads: list, weight_grads: list) -> int:
+    """Bytes of the gradient tensors (not forward tensors) that the weight-only ops of
+    `backward` read from the rest: what the executor's I leaves for its W (it holds
+    back the ops that only the weights' gradients need, as here)."""
+    within = set(backward)
+    for_inputs = _Ancestors(input_grads, within)
+    weight_only = _Ancestors(weight_grads, within) - for_inputs
+    held = {}
+    for op in weight_only:
+        for t in op.inputs:
+            src = _Source(t)
+            if src.op in within and src.op not in weight_only:  # the dy fed in is in `within`
+                held[src.ref()] = _Bytes(src)
+    return sum(held.values())
 
 
 _TRACES: dict[tuple[str, str], CellMemory] = {}
@@ -206,7 +245,13 @@ def Workspace(cells: Sequence[CellMemory]) -> int:
 
 
 def ActivationEvents(
-    sim: Any, num_micro_batches: int, stage: int, kept: set, boundary: int, internal: int
+    sim: Any,
+    num_micro_batches: int,
+    stage: int,
+    kept: set,
+    boundary: int,
+    internal: int,
+    deferred: int = 0,
 ) -> list[tuple[float, int]]:
     """(time, +bytes or -bytes) of the activations stage `stage` holds in the simulated
     time of `sim` (the schedule's simulate.Simulation).
@@ -216,7 +261,8 @@ def ActivationEvents(
     `boundary`, plus `internal` (StageActivations of one micro-batch) when it is in
     `kept`, the (stage, micro-batch) pairs whose forward keeps its activations. The
     backward of one that is not kept replays its forward and holds `internal` while it
-    runs (to the end of W: the weights' gradient reads it).
+    runs (to the end of W: the weights' gradient reads it). Where the backward is split,
+    `deferred` bytes (the stage's CellMemory.deferred_bytes) are held from I to W.
     """
     events = []
     for m in range(num_micro_batches):
@@ -226,6 +272,9 @@ def ActivationEvents(
         if last.kind != FORWARD and (stage, m) not in kept:
             first_back = last if last.kind == BACKWARD else Action(BACKWARD_INPUT, stage, m)
             events += [(sim.start[first_back], internal), (sim.end[last], -internal)]
+        split = Action(BACKWARD_INPUT, stage, m)
+        if deferred and split in sim.start:
+            events += [(sim.start[split], deferred), (sim.end[last], -deferred)]
     return events
 
 
@@ -339,7 +388,10 @@ def Estimate(
         size = mine[0].dtype_size
         # Stage 0's inputs are slices of the batch, counted once as batch_bytes below.
         boundary = boundary if k else 0
-        events = ActivationEvents(sim, sched.num_micro_batches, k, kept, boundary, internal)
+        deferred = sum(c.deferred_bytes for c in mine)
+        events = ActivationEvents(
+            sim, sched.num_micro_batches, k, kept, boundary, internal, deferred
+        )
         alive = ActivationEvents(sim, sched.num_micro_batches, k, set(), 1, 0)
         out.append(
             StageMemory(

@@ -7,13 +7,16 @@ a recompute policy and a partition, the fastest predicted to fit a memory cap.
     result.chosen.Flags()                                # the trainer's flags
 
 Step time is predicted by simulating the candidate's schedule (lingpipe.pipeline.
-simulate) with per-stage action costs:
-  - F s: the stage's forward FLOPs for one micro-batch at the device's measured rate,
-    plus a fixed cost per action (launching its ops), plus its inputs' bytes over the
-    measured bandwidth and a latency when they come from another device;
-  - B s (I + W): twice the forward's compute (I and W each once), plus the replayed
-    forward where the recompute policy drops the stage's activations;
-  - with R > 1 replicas, a ring all-reduce of each device's weight gradients.
+simulate) with the cost of every action (lingpipe.pipeline.cost_model.ActionCosts):
+each cell's forward, inputs' gradient and weights' gradient (profiled on the device,
+`ModelCosts.times`; else the forward FLOPs at the device's measured rate, each gradient
+as long), the forward replayed where the recompute policy drops the activations, a
+fixed cost per action (measured on the executor), and the transfer of a stage's inputs
+(and of their gradient back) as bytes over the measured bandwidth plus a latency when
+the neighbouring stage is on another device. The step adds the optimizer's apply (each
+device its weights' bytes at a measured rate) and, with R > 1 replicas, a ring
+all-reduce of each device's weight gradients. lingpipe.pipeline.calibrate fits the
+device scale and the fixed cost per action to a measured timeline.
 Memory per device comes from the caller's `memory_fn` (lingpipe.plan estimates it from
 the schedule with lingpipe.pipeline.memory: micro-batches alive, weight gradients held
 by deferred W's, optimizer slots, workspace, every stage the device holds).
@@ -29,8 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lingpipe.pipeline import generators, partition, simulate
-from lingpipe.pipeline.schedule import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD
+from lingpipe.pipeline import cost_model, generators, partition, simulate
 
 # Schedules the search tries by default, with their stages per device (v).
 SCHEDULES = (
@@ -48,23 +50,26 @@ MICRO_BATCHES = (1, 2, 4, 8, 16)
 
 @dataclasses.dataclass(frozen=True)
 class Rates:
-    """What a device does per second: FLOPs, the fixed cost of one action, and
-    cross-device transfer (bytes per second and a latency)."""
+    """What a device does per second: FLOPs, the fixed cost of one action, cross-device
+    transfer (bytes per second and a latency), and the optimizer's apply per weight byte."""
 
     flops_per_s: float
     action_s: float
     bytes_per_s: float
     latency_s: float
+    apply_s_per_byte: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelCosts:
     """Per cell, for one example: forward FLOPs, the bytes of its outputs (what crosses
-    to the next cell), and its weights' bytes."""
+    to the next cell), and its weights' bytes; `times`, the cells' profiled times
+    (cost_model.CellTimes), or None for FLOPs at the measured rate."""
 
     flops: tuple[float, ...]
     out_bytes: tuple[int, ...]
     weight_bytes: tuple[int, ...]
+    times: cost_model.CellTimes | None = None
 
 
 @dataclasses.dataclass
@@ -124,9 +129,10 @@ class Result:
 
 
 def MeasureRates(device: str | None = None) -> Rates:
-    """This machine's rates, measured in well under a second: a 512 x 512 matmul's FLOPs per
-    second, a trivial tf.function call (an action's fixed cost), and a 4 MiB copy between
-    two devices (the same device when there is one)."""
+    """This machine's rates, measured in a few seconds: a 512 x 512 matmul's FLOPs per
+    second, the executor's fixed cost per action (cost_model.MeasureActionSeconds), a
+    4 MiB copy between two devices (the same device when there is one), and Adam's
+    apply per weight byte."""
     import tensorflow as tf
 
     devices = [d.name for d in tf.config.list_logical_devices()]
@@ -149,7 +155,7 @@ def MeasureRates(device: str | None = None) -> Rates:
     matmul = tf.function(lambda: tf.matmul(a, a))
     flops = 2 * 512**3 / Best(lambda: matmul().numpy())
     trivial = tf.function(lambda: small + 1.0)
-    action = Best(lambda: trivial().numpy())
+    call = Best(lambda: trivial().numpy())
     with tf.device(here):
         block = tf.zeros([1024, 1024])
 
@@ -159,33 +165,21 @@ def MeasureRates(device: str | None = None) -> Rates:
             return tf.identity(block) + 0.0
 
     copy_s = Best(lambda: Copy().numpy())
-    return Rates(flops, action, 4 * 2**20 / max(copy_s - action, 1e-9), action)
+    action = cost_model.MeasureActionSeconds([here] if here == there else [here, there])
+    apply = cost_model.MeasureApplySecondsPerByte(here)
+    return Rates(flops, action, 4 * 2**20 / max(copy_s - call, 1e-9), call, apply)
 
 
-def StageCosts(
-    costs: ModelCosts, counts: Sequence[int], micro_batch: float, rates: Rates, remat: str
-) -> dict[str, list[float]]:
-    """Per kind (F, B, I, W), each stage's seconds for one micro-batch (module doc)."""
-    bounds = partition.Boundaries(list(counts))
-    f, b, i, w = [], [], [], []
-    for s, (lo, hi) in enumerate(bounds):
-        compute = sum(costs.flops[lo:hi]) * micro_batch / rates.flops_per_s
-        transfer = 0.0
-        if s > 0:
-            transfer = costs.out_bytes[lo - 1] * micro_batch / rates.bytes_per_s + rates.latency_s
-        replay = {"always": 1.0, "except_last": 0.5, "never": 0.0}[remat] * compute
-        f.append(compute + rates.action_s + transfer)
-        i.append(compute + replay + rates.action_s)
-        w.append(compute + rates.action_s)
-        b.append(2 * compute + replay + rates.action_s)
-    return {FORWARD: f, BACKWARD: b, BACKWARD_INPUT: i, BACKWARD_WEIGHT: w}
+def CellTimesOf(costs: ModelCosts, rates: Rates) -> cost_model.CellTimes:
+    """The profiled times, or the forward FLOPs at the measured rate."""
+    return costs.times or cost_model.FlopTimes(costs.flops, rates.flops_per_s)
 
 
 def PredictSeconds(
     candidate: Candidate, costs: ModelCosts, rates: Rates, global_batch: int
 ) -> float:
-    """The candidate's step time: its schedule simulated with StageCosts, plus the
-    replicas' all-reduce."""
+    """The candidate's step time: its schedule simulated with every action's cost
+    (cost_model.ActionCosts), plus the optimizer's apply and the replicas' all-reduce."""
     sched = generators.Make(
         candidate.schedule,
         candidate.num_stages,
@@ -193,11 +187,27 @@ def PredictSeconds(
         candidate.num_virtual_stages,
     )
     micro = global_batch / candidate.replicas / candidate.num_micro_batches
-    per_stage = StageCosts(costs, candidate.partition, micro, rates, candidate.remat)
-    seconds = simulate.Simulate(sched, per_stage).makespan
+
+    def Transfer(cell: int) -> float:
+        return costs.out_bytes[cell] * micro / rates.bytes_per_s + rates.latency_s
+
+    per_action = cost_model.ActionCosts(
+        sched,
+        candidate.partition,
+        CellTimesOf(costs, rates),
+        micro,
+        rates.action_s,
+        candidate.remat,
+        Transfer,
+    )
+    seconds = simulate.Simulate(sched, per_action).makespan
+    device_bytes = [0.0] * sched.num_devices
+    for s, (lo, hi) in enumerate(partition.Boundaries(list(candidate.partition))):
+        device_bytes[sched.DeviceOf(s)] += sum(costs.weight_bytes[lo:hi])
+    seconds += cost_model.OptimizerSeconds(device_bytes, rates.apply_s_per_byte)
     if candidate.replicas > 1:
         r = candidate.replicas
-        grads = sum(costs.weight_bytes) / candidate.num_stages  # per device
+        grads = max(device_bytes)
         seconds += 2 * (r - 1) / r * grads / rates.bytes_per_s + rates.latency_s
     return seconds
 

@@ -12,7 +12,8 @@ and the actions it needs are done:
 its stage, a micro-batch run twice or never) or that can deadlock, in one line naming each
 device's next action, what it waits for, and where that is (blocked, or listed later).
 A forward-only schedule (no B, I or W at all) is valid: evaluation runs one. Costs are
-per kind, in time units: by default 1 for F, I and W, and 2 for a whole backward B.
+per kind, in time units: by default 1 for F, I and W, and 2 for a whole backward B;
+or per stage, or per action (lingpipe.pipeline.cost_model gives them in seconds).
 """
 
 from __future__ import annotations
@@ -112,12 +113,15 @@ def Dependencies(s: Schedule, a: Action, listed: set[Action]) -> list[Action]:
 
 def _Cost(costs: dict, a: Action) -> float:
     cost = costs[a.kind]
+    if isinstance(cost, dict):
+        return cost[(a.stage, a.micro_batch)]
     return cost[a.stage] if isinstance(cost, (list, tuple)) else cost
 
 
 def Simulate(s: Schedule, costs: dict[str, float | list] | None = None) -> Simulation:
     """Runs `s` in simulated time; raises ScheduleError for what the module doc rejects.
-    `costs` per kind: a number, or one per stage (the planner's)."""
+    `costs` per kind: a number, one per stage, or {(stage, micro-batch): cost} (the
+    planner's: lingpipe.pipeline.cost_model.ActionCosts)."""
     _CheckStructure(s)
     costs = dict(DEFAULT_COSTS, **(costs or {}))
     listed = {a for acts in s.device_actions for a in acts}

@@ -216,3 +216,53 @@ def test_an_unknown_batch_is_refused_by_name():
             memory.MicroBatchSpecs(specs, 4, 0)
     with pytest.raises(ValueError, match=r"memory estimate: no input tensor has a dimension "):
         memory.MicroBatchSpecs((tf.TensorSpec([]),), 4, 0)
+
+
+def test_a_cell_counts_the_gradients_its_weight_ops_wait_for():
+    # x -> relu(x W + b): the input's gradient needs dz = ReluGrad(dy, relu_out) [4, 8];
+    # the weights' (x^T dz and the bias's sum of dz) read dz, held from I to W: 128.
+    cell = Pipe().params.cell_tpl[0]
+    (traced,) = memory.TracedFor(Pipe().params, [cell], ([16, 8],), 4)
+    assert traced.deferred_bytes == ACT
+
+
+# Split backward (zero bubble, K=2, M=4; one unit per F, I, W):
+#   dev 0: F0 F1 .  I0 W0 F2 I1 W1 F3 I2 W2 I3 W3
+#   dev 1: .  F0 I0 F1 I1 W0 F2 I2 W1 F3 I3 W2 W3
+# Remat 'never': a micro-batch holds boundary + internal (stage 0: 256, the batch is
+# counted once; stage 1: 128 + 256) from F to W, and from I to W the two cells' dz
+# (2 * 128) that W's ops read. Stage 1 at t=4..6 holds micro-batches 0 and 1, both
+# between I and W: 2 * (384 + 256). Stage 0 at t=3..5: micro-batch 0 (256 + 256) and 1.
+def test_deferred_weight_gradients_are_counted_for_split_backward_schedules():
+    report = Pipe("zero_bubble", "never").PartitionReport()
+    got = [s.memory.activations for s in report.stages]
+    assert got == [BATCH + 3 * 2 * ACT, 2 * (3 * ACT + 2 * ACT)]
+    # 1F1B runs I and W together: nothing waits, its figures stay as they were.
+    ones = Pipe("1f1b", "never").PartitionReport()
+    assert [s.memory.activations for s in ones.stages] == list(EXPECTED[("1f1b", "never")])
+
+
+def test_a_v_shaped_split_schedule_holds_the_deferred_gradients_of_both_its_stages():
+    import dataclasses
+
+    sched, pipe = generators.Make("zbv", 2, 4), Pipe()
+    (cell,) = memory.TracedFor(pipe.params, [pipe.params.cell_tpl[0]], ([16, 8],), 4)
+
+    def Estimate(traced):
+        return memory.Estimate(
+            pipe.params, [pipe.params.cell_tpl[0]] * 4, [[s] for s in range(4)],
+            ([16, 8],), sched, set(), traced=[traced] * 4,
+        )  # fmt: skip
+
+    with_w, without = Estimate(cell), Estimate(dataclasses.replace(cell, deferred_bytes=0))
+    sim = simulate.Simulate(sched)
+    for s in range(4):
+        events = list(without[s].events)
+        for m in range(4):  # each micro-batch's dz, held from its I to its W
+            events.append((sim.start[simulate.Action("I", s, m)], ACT))
+            events.append((sim.end[simulate.Action("W", s, m)], -ACT))
+        assert with_w[s].activations == simulate.PeakOf(events) + (BATCH if s == 0 else 0)
+        assert with_w[s].activations > without[s].activations
+    # A device adds both its stages' (0 and 3 on device 0) at their joint peak.
+    device_0 = memory.DeviceMemory([with_w[0], with_w[3]])
+    assert device_0.activations > memory.DeviceMemory([without[0], without[3]]).activations

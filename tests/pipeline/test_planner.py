@@ -1,6 +1,10 @@
 """The planner's search over fixed costs: deterministic, never over the cap, refusals
 that name their device and excess, and K=1 when pipelining is predicted to lose."""
 
+import dataclasses
+
+import pytest
+
 from lingpipe.pipeline import planner
 
 # Eight equal cells of 1 GFLOP per example, 1 MiB out, 4 MiB of weights each.
@@ -58,3 +62,69 @@ def test_the_flags_are_the_trainers():
     flags = c.Flags()
     assert flags["num_stages"] == c.num_stages and flags["schedule"] == c.schedule
     assert f'remat : "{c.remat}"' in flags["params_override"]
+
+
+# Two cells of 1 s forward, 1 s inputs' gradient, 1 s weights' gradient (fixed, for any
+# micro-batch), 100 weight bytes each; one per stage.
+from lingpipe.pipeline import cost_model, generators, simulate  # noqa: E402
+
+ONE_SECOND = cost_model.CellTimes(((1.0, 0.0),) * 2, ((1.0, 0.0),) * 2, ((1.0, 0.0),) * 2)
+TWO_CELLS = planner.ModelCosts((1.0, 1.0), (1000, 1000), (100, 100), ONE_SECOND)
+
+
+def _Predict(schedule, remat, rates, m=2):
+    c = planner.Candidate(1, 2, m, schedule, 1, remat, (1, 1))
+    return planner.PredictSeconds(c, TWO_CELLS, rates, global_batch=4)
+
+
+# 1F1B, K=2, M=2, a fixed cost of 0.5 s per action: F = 1.5, B = 2.5 (+1 replayed).
+#   dev 1: F0 [1.5, 3]  B0 [3, 5.5]  F1 [5.5, 7]  B1 [7, 9.5]
+#   dev 0: F0 [0, 1.5]  F1 [1.5, 3]  B0 [5.5, 8]  B1 [9.5, 12]       -> 12 s
+# 'always' replays every forward (B = 3.5): dev 1 B1 ends 11.5, dev 0 B1 at 15.
+# 'except_last' keeps stage 1's micro-batch 1 and stage 0's micro-batch 0 (remat.Kept):
+#   dev 1: B0 [3, 6.5] F1 [6.5, 8] B1 [8, 10.5]; dev 0: B0 [6.5, 9] B1 [10.5, 14].
+# The optimizer applies 100 bytes per device at 0.01 s a byte: +1 s.
+@pytest.mark.parametrize("remat,want", [("never", 12.0), ("always", 15.0), ("except_last", 14.0)])
+def test_predicted_seconds_equal_a_hand_computed_schedule(remat, want):
+    rates = planner.Rates(1.0, action_s=0.5, bytes_per_s=1e30, latency_s=0.0)
+    assert _Predict("1f1b", remat, rates) == pytest.approx(want)
+    with_apply = dataclasses.replace(rates, apply_s_per_byte=0.01)
+    assert _Predict("1f1b", remat, with_apply) == pytest.approx(want + 1.0)
+    # One policy per stage: stage 0 as 'always' (its B's replay), stage 1 as 'never'.
+    mixed = _Predict("1f1b", ["always", "never"], rates)
+    # dev 1: B0 [3, 5.5], F1, B1 [7, 9.5]; dev 0: B0 [5.5, 9], B1 [9.5, 13].
+    assert mixed == pytest.approx(13.0)
+
+
+def test_the_transfer_is_paid_where_a_stage_s_neighbour_is_on_another_device():
+    # 1000 bytes per example, micro-batches of 2, at 1000 bytes/s plus 0.25 s: 2.25 s on
+    # F s1 (its inputs) and on B s0 (their gradient back). GPipe, K=2, M=2, no fixed cost:
+    #   dev 0: F0 [0, 1] F1 [1, 2]                      B1 [9.5, 13.75] B0 [13.75, 18]
+    #   dev 1: F0 [1, 4.25] F1 [4.25, 7.5] B1 [7.5, 9.5] B0 [9.5, 11.5]
+    # (dev 0's backwards: 2 + 2.25 each; B1 waits for dev 1's B1, B0 for dev 0.)
+    rates = planner.Rates(1.0, action_s=0.0, bytes_per_s=1000.0, latency_s=0.25)
+    assert _Predict("gpipe", "never", rates) == pytest.approx(18.0)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zero_bubble", "zbv", "v_half"])
+def test_the_fixed_cost_enters_once_per_action(schedule):
+    # Cells that take no time: the step is the fixed cost times the makespan in actions,
+    # a whole B one action, an I and a W two.
+    free = cost_model.CellTimes(((0.0, 0.0),) * 4, ((0.0, 0.0),) * 4, ((0.0, 0.0),) * 4)
+    costs = planner.ModelCosts((1.0,) * 4, (0,) * 4, (0,) * 4, free)
+    rates = planner.Rates(1.0, action_s=0.003, bytes_per_s=1e30, latency_s=0.0)
+    sched = generators.Make(schedule, 2, 4)
+    counts = (1,) * sched.num_stages
+    c = planner.Candidate(1, 2, 4, schedule, 1, "never", counts)
+    units = simulate.Simulate(sched, {k: 1.0 for k in "FBIW"}).makespan
+    got = planner.PredictSeconds(c, costs, rates, 8)
+    assert got == pytest.approx(0.003 * units)
+
+
+def test_without_a_profile_the_cells_take_their_flops_at_the_measured_rate():
+    rates = planner.Rates(2.0, action_s=0.0, bytes_per_s=1e30, latency_s=0.0)
+    costs = dataclasses.replace(TWO_CELLS, times=None)  # 1 FLOP per example per cell
+    # Micro-batches of 2 at 2 FLOP/s: F = I = W = 1 s, as ONE_SECOND; 1F1B without a
+    # fixed cost: dev 1 F0 [1, 2] B0 [2, 4] F1 [4, 5] B1 [5, 7]; dev 0 B1 [7, 9].
+    c = planner.Candidate(1, 2, 2, "1f1b", 1, "never", (1, 1))
+    assert planner.PredictSeconds(c, costs, rates, global_batch=4) == pytest.approx(9.0)

@@ -1,0 +1,512 @@
+"""The planner's cost model, predicted against measured (issue 29's "Measure").
+
+    python bench/plan.py            # bench/results/plan.json and a table
+    python bench/plan.py --quick    # the MLP, a few M and schedules: under a minute
+
+Per model, one process (2 logical CPU devices, intra_op=1, inter_op=2: one thread per
+stage) measures the device (planner.MeasureRates), profiles each cell's F, I and W
+(cell_times.Profile), then for each configuration of the grid (R x K = 2; M; every
+schedule that applies; remat never, except_last, always) builds it, predicts its
+training step (lingpipe's Adam included) and its memory, and times 5 steps after one
+untimed. R=2 is data parallelism written out: one K=1 pipeline per device, each with
+its own weights and Adam slots, the gradients averaged. One configuration (1F1B, M=4)
+is recorded with the timeline and the cost model calibrated on it
+(lingpipe.pipeline.calibrate); each row holds the uncalibrated and the calibrated
+prediction. Memory: one allocator serves both CPU devices, so the measured figure is
+the process's peak during the steps less what was in use before the configuration was
+built, beside the estimate summed over devices and replicas.
+
+Also: the planner's pick under two caps per model (by the estimate) against the
+best measured configuration whose estimate fits; cost-based ('flops') against
+uniform partition on the 32k LM; the time to plan a 100-cell MLP. The Keras
+Functional model of the issue is left out: lingpipe.keras.Plan is not on main yet.
+A benchmark, never a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import common  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+DEVICES = ("/device:CPU:0", "/device:CPU:1")
+REMATS = ("never", "except_last", "always")
+QUICK = dict(
+    models=("mlp",),
+    micro_batches=(2, 4),
+    schedules=(("1f1b", 1), ("zero_bubble", 1)),
+    remats=("never",),
+)
+FULL = dict(models=("lm32k", "mlp"), micro_batches=(1, 2, 4, 8, 16), schedules=None, remats=REMATS)
+
+
+def Model(name: str):
+    """(pipeline params, whole-batch inputs, loss_fn) of a model of the grid."""
+    import tensorflow as tf
+
+    from lingpipe import model_registry
+    from lingpipe.layers import gpipe
+    from lingpipe.nested_map import NestedMap
+
+    if name == "lm32k":
+        p = model_registry.GetParams("lm.TransformerLmTiny", "Train")
+        p.vocab_size = 32768  # the embedding and softmax dominate
+        pipe_p = p.cls.PipelineParams(p)
+        shape = pipe_p.input_shapes[0].ids.as_list()
+        ids = tf.random.stateless_uniform(shape, [1, 2], 0, 256, dtype=tf.int32)
+        ones = tf.ones(shape)
+        state = NestedMap(ids=ids, labels=ids, paddings=0 * ones, weights=ones)
+
+        def Loss(out, _):
+            total = tf.reduce_sum(out.xent * out.weights)
+            return NestedMap(loss=(total / tf.reduce_sum(out.weights), tf.reduce_sum(out.weights)))
+
+        return pipe_p, (state,), Loss
+    common.UseSpeedSizes()
+    cells = common.CellParams("mlp")
+    batch, dims = common.MODELS["mlp"]["batch"], common.MODELS["mlp"]["dims"]
+    pipe_p = gpipe.PipeliningLayer.Params().Set(
+        name="pipe", cell_tpl=cells, input_shapes=[[batch, dims]]
+    )
+
+    def Square(out, _):
+        return NestedMap(loss=(tf.reduce_mean(tf.square(out)), 1.0))
+
+    return pipe_p, common.Inputs("mlp"), Square
+
+
+def Grid(cfg: dict, num_cells: int, batch: int) -> list:
+    """R=2 x K=1 (one schedule: the same work in any order) and R=1 x K=2 candidates."""
+    from lingpipe.pipeline import planner
+
+    schedules = cfg["schedules"] or planner.SCHEDULES
+    grid = []
+    for k, names in ((1, (("gpipe", 1),)), (2, schedules)):
+        grid += planner.Candidates(
+            2, num_cells, batch, names, cfg["remats"], cfg["micro_batches"], stages=(k,)
+        )
+    return grid
+
+
+def _Kept(c):
+    from lingpipe.pipeline import generators
+
+    return generators.Make(c.schedule, c.num_stages, c.num_micro_batches, c.num_virtual_stages)
+
+
+def EstimateDevices(pipe_p, inputs, c, traced_cache: dict) -> list[int]:
+    """The estimate per device of one pipeline of candidate c (Adam's slots)."""
+    from lingpipe import optimizers
+    from lingpipe.pipeline import memory, partition, remat
+
+    sched = _Kept(c)
+    specs = tuple(_Specs(x, c.replicas) for x in inputs)
+    key = (c.replicas, c.num_micro_batches)
+    if key not in traced_cache:
+        traced_cache[key] = memory.TracedFor(pipe_p, pipe_p.cell_tpl, specs, c.num_micro_batches)
+    bounds = [list(range(a, b)) for a, b in partition.Boundaries(list(c.partition))]
+    stages = memory.Estimate(
+        pipe_p,
+        pipe_p.cell_tpl,
+        bounds,
+        specs,
+        sched,
+        remat.Kept(sched, c.remat),
+        optimizers.Adam.Params(),
+        traced=traced_cache[key],
+    )
+    per_device = [[] for _ in range(c.num_stages)]
+    for s, stage in enumerate(stages):
+        per_device[sched.DeviceOf(s)].append(stage)
+    return [memory.DeviceMemory(ms).total for ms in per_device]
+
+
+def _Specs(x, replicas: int):
+    import tensorflow as tf
+
+    def One(t):
+        dims = t.shape.as_list()
+        dims[0] //= replicas
+        return tf.TensorSpec(dims, t.dtype)
+
+    return tf.nest.map_structure(One, x)
+
+
+def _Slice(inputs, r: int, replicas: int):
+    import tensorflow as tf
+
+    def One(t):
+        n = t.shape[0] // replicas
+        return t[r * n : (r + 1) * n]
+
+    return tf.nest.map_structure(One, inputs)
+
+
+def BuildStep(pipe_p, inputs, loss_fn, c):
+    """A traced Adam training step of candidate c: R pipelines of K stages (module doc)."""
+    import tensorflow as tf
+
+    from lingpipe import optimizers
+
+    pipes = []
+    for r in range(c.replicas):
+        devices = list(DEVICES[r * c.num_stages : (r + 1) * c.num_stages])
+        p = pipe_p.Copy().Set(
+            name=f"pipe{r}",
+            num_stages=c.num_stages,
+            num_micro_batches=c.num_micro_batches,
+            schedule=c.schedule,
+            num_virtual_stages=c.num_virtual_stages,
+            remat=c.remat,
+            partition=list(c.partition),
+            devices=devices,
+        )
+        pipes.append(p.Instantiate())
+    variables = [tf.nest.flatten(pipe.theta) for pipe in pipes]
+    opts = [optimizers.Adam.Params().Instantiate() for _ in pipes]
+    for opt, vs in zip(opts, variables):
+        opt.Build(vs)
+
+    @tf.function(autograph=False)
+    def Step():
+        grads, losses = [], []
+        for r, pipe in enumerate(pipes):
+            x = _Slice(inputs, r, c.replicas)
+            out = pipe.ForwardBackward(pipe.theta, x, loss_fn)
+            grads.append(tf.nest.flatten(out.theta_grads))
+            losses.append(out.metrics.loss[0])
+        mean = [tf.add_n(list(g)) / len(g) if g[0] is not None else None for g in zip(*grads)]
+        for opt, vs in zip(opts, variables):
+            opt.Apply(mean, vs, learning_rate=1e-4)
+        return tf.add_n(losses)
+
+    return Step, pipes
+
+
+def Measure(step, steps: int) -> tuple[float, int]:
+    """(median seconds of `steps` steps after one untimed, the allocator's peak)."""
+    import tensorflow as tf
+
+    step().numpy()
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    seconds = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step().numpy()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds), tf.config.experimental.get_memory_info("CPU:0")["peak"]
+
+
+def Calibrate(pipe_p, inputs, loss_fn, costs, rates, c, batch):
+    """A calibration (lingpipe.pipeline.calibrate) from 3 recorded steps of candidate c."""
+    from lingpipe.pipeline import calibrate, cost_model, planner, timeline
+
+    step, pipes = BuildStep(pipe_p, inputs, loss_fn, c)
+    sched = pipes[0].Schedule()
+    unprofiled, _ = Measure(step, 3)
+    with tempfile.TemporaryDirectory() as logdir:
+        spans = timeline.Record(step, logdir, sched, num_steps=3)
+    micro = batch / c.num_micro_batches
+    per_kind = cost_model.ActionCosts(
+        sched, c.partition, planner.CellTimesOf(costs, rates), micro, 0.0, c.remat
+    )
+    compute = {
+        a: per_kind[a.kind][(a.stage, a.micro_batch)] for acts in sched.device_actions for a in acts
+    }
+    # The whole step less the optimizer's apply: the pipeline's makespan, unprofiled.
+    apply = cost_model.OptimizerSeconds([sum(costs.weight_bytes) / 2] * 2, rates.apply_s_per_byte)
+    return calibrate.Fit(spans, sched, compute, measured_step_s=max(unprofiled - apply, 1e-9))
+
+
+def Child(model: str, quick: bool, steps: int) -> dict:
+    common.Setup(2, intra_op=1, inter_op=2)
+    import dataclasses
+
+    import tensorflow as tf
+
+    from lingpipe.pipeline import cell_times, planner
+    from lingpipe.pipeline import costs as costs_lib
+
+    cfg = QUICK if quick else FULL
+    pipe_p, inputs, loss_fn = Model(model)
+    batch = tf.nest.flatten(inputs)[0].shape[0]
+    start = time.perf_counter()
+    rates = planner.MeasureRates(DEVICES[0])
+    metas = costs_lib.CellMetas(pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes))
+    sizes = sorted({batch // 2 // max(cfg["micro_batches"]), batch // min(cfg["micro_batches"])})
+    times = cell_times.Profile(pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes), sizes)
+    costs = planner.ModelCosts(
+        flops=tuple(float(m.flops) / batch for m in metas),
+        out_bytes=tuple(costs_lib.ShapeBytes(m.out_shapes) // batch for m in metas),
+        weight_bytes=tuple(4 * int(m.num_params) for m in metas),
+        times=times,
+    )
+    setup_s = time.perf_counter() - start
+    probe = planner.Candidate(1, 2, 4, "1f1b", 1, "never", ())
+    probe.partition = planner.Partitions(costs, 2)[0][1]
+    cal = Calibrate(pipe_p, inputs, loss_fn, costs, rates, probe, batch)
+    cal_rates = dataclasses.replace(rates, action_s=cal.action_s)
+    cal_costs = dataclasses.replace(costs, times=times.Scaled(cal.scale))
+    rows, traced = [], {}
+    for base in Grid(cfg, len(pipe_p.cell_tpl), batch):
+        chunks = base.num_stages * (
+            2 if base.schedule in ("zbv", "v_half", "v_min") else base.num_virtual_stages
+        )
+        for policy, counts in planner.Partitions(costs, chunks):
+            if policy != "flops" and not (model == "lm32k" and base.schedule == "1f1b"):
+                continue  # 'uniform' beside 'flops' only where the issue asks (1F1B, 32k LM)
+            c = dataclasses.replace(base, partition=counts, partition_policy=policy)
+            rows.append(
+                Row(
+                    model,
+                    pipe_p,
+                    inputs,
+                    loss_fn,
+                    c,
+                    costs,
+                    rates,
+                    cal_costs,
+                    cal_rates,
+                    batch,
+                    steps,
+                    traced,
+                )
+            )
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return dict(
+        rows=rows,
+        setup_s=setup_s,
+        calibration=dataclasses.asdict(cal),
+        rates=dataclasses.asdict(rates),
+    )
+
+
+def Row(
+    model, pipe_p, inputs, loss_fn, c, costs, rates, cal_costs, cal_rates, batch, steps, traced
+):
+    import tensorflow as tf
+
+    from lingpipe.pipeline import planner
+
+    gc.collect()
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    row = dict(
+        model=model, R=c.replicas, K=c.num_stages, M=c.num_micro_batches, schedule=c.schedule
+    )
+    row.update(
+        v=c.num_virtual_stages, remat=c.remat, partition=c.partition_policy, cells=list(c.partition)
+    )
+    try:
+        per_device = EstimateDevices(pipe_p, inputs, c, traced)
+        step, _ = BuildStep(pipe_p, inputs, loss_fn, c)
+        seconds, peak = Measure(step, steps)
+    except Exception as e:  # noqa: BLE001 (a row of the table, not the end of the run)
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        return row
+    row["predicted_s"] = planner.PredictSeconds(c, costs, rates, batch)
+    row["calibrated_s"] = planner.PredictSeconds(c, cal_costs, cal_rates, batch)
+    row["measured_s"] = seconds
+    row["peak_device_mib"] = [b / 2**20 for b in per_device]
+    row["predicted_mib"] = c.replicas * sum(per_device) / 2**20
+    row["measured_mib"] = (peak - before) / 2**20
+    for key in ("predicted_s", "calibrated_s"):
+        row[key.replace("_s", "_err")] = row[key] / seconds - 1
+    row["memory_err"] = row["predicted_mib"] / row["measured_mib"] - 1
+    return row
+
+
+def PlanHundred() -> dict:
+    """Seconds for planner.Search over a 100-cell MLP on 2 devices (memory estimated per
+    candidate, FLOPs at the measured rate), rates measured first (not counted)."""
+    common.Setup(2)
+    import tensorflow as tf
+
+    from lingpipe.layers import gpipe, linear
+    from lingpipe.pipeline import costs as costs_lib
+    from lingpipe.pipeline import planner
+
+    cell = linear.ProjectionLayer.Params().Set(input_dims=512, output_dims=512, activation="RELU")
+    pipe_p = gpipe.PipeliningLayer.Params().Set(
+        name="pipe", cell_tpl=[cell.Copy() for _ in range(100)], input_shapes=[[512, 512]]
+    )
+    rates = planner.MeasureRates()
+    start = time.perf_counter()
+    metas = costs_lib.CellMetas(pipe_p, pipe_p.cell_tpl, ([512, 512],))
+    costs = planner.ModelCosts(
+        tuple(float(m.flops) / 512 for m in metas),
+        tuple(costs_lib.ShapeBytes(m.out_shapes) // 512 for m in metas),
+        tuple(4 * int(m.num_params) for m in metas),
+    )
+    traced: dict = {}
+    inputs = (tf.zeros([512, 512]),)
+    result = planner.Search(
+        costs, rates, 2, 2**31, 512, lambda c: EstimateDevices(pipe_p, inputs, c, traced)
+    )
+    return dict(
+        seconds=time.perf_counter() - start,
+        searched=result.searched,
+        chosen=result.chosen.Describe(),
+    )
+
+
+def Summary(rows: list) -> dict:
+    ok = [r for r in rows if "error" not in r]
+    out = {}
+    for key in ("predicted_err", "calibrated_err", "memory_err"):
+        errs = sorted(abs(r[key]) for r in ok)
+        if errs:
+            out[key] = dict(median=statistics.median(errs), worst=errs[-1], n=len(errs))
+    return out
+
+
+def Picks(rows: list) -> list:
+    """Per model and two caps (the 25% and 75% quantiles of the rows' largest device
+    estimate): the planner's pick by the calibrated prediction among the rows whose
+    estimate fits, against the best measured of those rows."""
+    picks = []
+    for model in sorted({r["model"] for r in rows}):
+        ok = [r for r in rows if r["model"] == model and "error" not in r]
+        peaks = sorted(max(r["peak_device_mib"]) for r in ok)
+        if not peaks:
+            continue
+        for q in (0.25, 0.75):
+            cap = peaks[int(q * (len(peaks) - 1))]
+            fits = [r for r in ok if max(r["peak_device_mib"]) <= cap]
+            pick = min(fits, key=lambda r: r["calibrated_s"])
+            best = min(fits, key=lambda r: r["measured_s"])
+            picks.append(
+                dict(
+                    model=model,
+                    cap_mib=cap,
+                    pick=_Name(pick),
+                    best=_Name(best),
+                    pick_measured_s=pick["measured_s"],
+                    best_measured_s=best["measured_s"],
+                    pick_vs_best=pick["measured_s"] / best["measured_s"] - 1,
+                    pick_measured_mib=pick["measured_mib"],
+                )
+            )
+    return picks
+
+
+def _Name(r: dict) -> str:
+    v = f" v={r['v']}" if r["v"] > 1 else ""
+    return f"R={r['R']} K={r['K']} M={r['M']} {r['schedule']}{v} {r['remat']} {r['partition']}"
+
+
+def Partition(rows: list) -> list:
+    """The 32k LM under 1F1B: 'flops' against 'uniform', per (M, remat)."""
+    out = []
+    lm = [r for r in rows if r["model"] == "lm32k" and r["schedule"] == "1f1b" and "error" not in r]
+    for r in lm:
+        if r["partition"] != "flops":
+            continue
+        twin = [
+            u
+            for u in lm
+            if u["partition"] == "uniform" and (u["M"], u["remat"]) == (r["M"], r["remat"])
+        ]
+        if twin:
+            out.append(
+                dict(
+                    M=r["M"],
+                    remat=r["remat"],
+                    flops_cells=r["cells"],
+                    uniform_cells=twin[0]["cells"],
+                    flops_s=r["measured_s"],
+                    uniform_s=twin[0]["measured_s"],
+                    speedup=twin[0]["measured_s"] / r["measured_s"],
+                )
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--quick", action="store_true", help="the MLP, M in {2, 4}, 3 schedules")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--models", default=None, help="comma-separated subset of lm32k,mlp")
+    ap.add_argument("--plan100", action="store_true")
+    ap.add_argument("--out", default=None, help="default bench/results/plan.json (plan_quick.json)")
+    args = ap.parse_args(argv)
+    if args.child:
+        result = PlanHundred() if args.plan100 else Child(args.model, args.quick, args.steps)
+        print(json.dumps(result))
+        return 0
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.models:
+        cfg["models"] = tuple(args.models.split(","))
+    out = args.out or os.path.join(RESULTS, "plan_quick.json" if args.quick else "plan.json")
+    rows, runs = [], {}
+    for model in cfg["models"]:
+        flags = [f"--model={model}", f"--steps={args.steps}"] + (["--quick"] if args.quick else [])
+        print(f"measuring {model} ...", flush=True)
+        got = common.RunChild(__file__, flags, timeout=6 * 3600)
+        if "error" in got:
+            rows.append(dict(model=model, error=" ".join(got["error"])))
+            continue
+        rows += got.pop("rows")
+        runs[model] = got
+    hundred = common.RunChild(__file__, ["--plan100"], timeout=600) if not args.quick else None
+    payload = dict(
+        machine=common.Machine(),
+        date=datetime.date.today().isoformat(),
+        threads="intra1_inter2",
+        grid=dict(
+            quick=args.quick,
+            steps=args.steps,
+            **{k: v for k, v in cfg.items() if k != "schedules"},
+            schedules=[s for s, _ in cfg["schedules"]] if cfg["schedules"] else "planner.SCHEDULES",
+        ),
+        rows=rows,
+        runs=runs,
+        summary=Summary(rows),
+        picks=Picks(rows),
+        partition=Partition(rows),
+        plan_100_cells=hundred,
+    )
+    columns = [
+        "model",
+        "R",
+        "K",
+        "M",
+        "schedule",
+        "remat",
+        "partition",
+        "predicted_s",
+        "calibrated_s",
+        "measured_s",
+        "calibrated_err",
+        "predicted_mib",
+        "measured_mib",
+        "memory_err",
+        "error",
+    ]
+    print(common.Table(rows, columns))
+    print("errors |predicted / measured - 1|:", json.dumps(payload["summary"]))
+    for p in payload["picks"]:
+        print(
+            f"cap {p['cap_mib']:.1f} MiB ({p['model']}): pick {p['pick']} "
+            f"({p['pick_vs_best']:+.0%} vs best {p['best']})"
+        )
+    if hundred:
+        print(f"plan of a 100-cell MLP: {hundred.get('seconds', float('nan')):.1f} s")
+    common.WriteJson(out, payload)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""What each action of a schedule costs, in seconds, for the simulation to predict a step.
+
+    times = cost_model.ProfileCells(parent_p, cells, input_specs, sizes=(2, 16))
+    costs = cost_model.ActionCosts(sched, counts, times, micro_batch, rates, remat, out_bytes)
+    seconds = simulate.Simulate(sched, costs).makespan + cost_model.OptimizerSeconds(...)
+
+Per cell, three times for a micro-batch of n examples, each `fixed + per_example * n`
+(fitted over the profiled sizes, `CellTimes`): the forward (F), the gradient of the
+inputs (I) and of the weights (W). `ProfileCells` measures them on this process's
+device, each cell on its own, traced once per kind: a forward, a forward with the
+inputs' gradient, a forward with the weights' gradient, less the forward (and less
+an empty function's call). Where a model is too big to run, `FlopTimes` takes its FLOPs
+at a measured rate (I and W each as long as F).
+
+An action then costs (`ActionCosts`):
+  F s m: the stage's cells' forward + the fixed cost of one action + the transfer of its
+    inputs from the previous stage's device (bytes / bandwidth + latency) if another;
+  I s m: the inputs' gradient + the replayed forward if (s, m) is not kept (remat.Kept:
+    'always', 'except_last', or one policy per stage) + one action + the transfer of
+    its inputs' gradient back;
+  W s m: the weights' gradient + one action;
+  B s m: I and W in one action (one fixed cost).
+The fixed cost of an action (`MeasureActionSeconds`) is measured on the executor itself:
+steps of a pipeline of tiny stages at two numbers of micro-batches, whose difference
+over the difference of the simulated unit-cost makespans is the cost of one action.
+The step adds what is not an action: the optimizer's apply (its weights' bytes at a
+measured rate, each device its own in parallel) and, with replicas, the all-reduce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lingpipe.pipeline import partition, simulate
+from lingpipe.pipeline import remat as remat_lib
+from lingpipe.pipeline.schedule import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    Schedule,
+)
+
+Line = tuple[float, float]  # (fixed seconds, seconds per example)
+
+
+@dataclasses.dataclass(frozen=True)
+class CellTimes:
+    """Per cell, seconds of its forward, inputs' gradient and weights' gradient for a
+    micro-batch of n examples, each `fixed + per_example * n` (module doc).
+
+    Attributes:
+      forward, backward_input, backward_weight: one (fixed, per_example) per cell.
+      source: 'profile' (measured) or 'flops' (FLOPs at a rate).
+    """
+
+    forward: tuple[Line, ...]
+    backward_input: tuple[Line, ...]
+    backward_weight: tuple[Line, ...]
+    source: str = "profile"
+
+    def Seconds(self, kind: str, cells: Sequence[int], n: float) -> float:
+        """Seconds of `kind` (F, I, W, or B = I + W) over `cells` for n examples."""
+        if kind == BACKWARD:
+            return self.Seconds(BACKWARD_INPUT, cells, n) + self.Seconds(BACKWARD_WEIGHT, cells, n)
+        lines = {
+            FORWARD: self.forward,
+            BACKWARD_INPUT: self.backward_input,
+            BACKWARD_WEIGHT: self.backward_weight,
+        }[kind]
+        return sum(lines[c][0] + lines[c][1] * n for c in cells)
+
+    def Scaled(self, factor: float) -> CellTimes:
+        """Every time times `factor` (a calibration's device scale)."""
+
+        def Scale(lines: tuple[Line, ...]) -> tuple[Line, ...]:
+            return tuple((a * factor, b * factor) for a, b in lines)
+
+        return CellTimes(
+            Scale(self.forward),
+            Scale(self.backward_input),
+            Scale(self.backward_weight),
+            self.source,
+        )
+
+
+def FlopTimes(flops: Sequence[float], flops_per_s: float) -> CellTimes:
+    """Times from each cell's forward FLOPs per example at `flops_per_s`; I and W each
+    as long as the forward (a matmul's two gradients)."""
+    lines = tuple((0.0, f / flops_per_s) for f in flops)
+    return CellTimes(lines, lines, lines, "flops")
+
+
+def FitLine(sizes: Sequence[float], seconds: Sequence[float]) -> Line:
+    """(fixed, per_example) through the measured (size, seconds): least squares over
+    two or more sizes, both kept >= 0; one size gives per_example = seconds / size."""
+    if len(sizes) == 1 or len(set(sizes)) == 1:
+        return 0.0, max(0.0, sum(seconds) / sum(sizes))
+    n = len(sizes)
+    mx, my = sum(sizes) / n, sum(seconds) / n
+    var = sum((x - mx) ** 2 for x in sizes)
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / var
+    if slope < 0:
+        return max(0.0, my), 0.0
+    fixed = my - slope * mx
+    if fixed < 0:
+        return 0.0, max(0.0, sum(seconds) / sum(sizes))
+    return fixed, slope
+
+
+def ActionCosts(
+    sched: Schedule,
+    counts: Sequence[int],
+    times: CellTimes,
+    micro_batch: float,
+    action_s: float,
+    remat: remat_lib.Remat,
+    transfer: Callable[[int], float] | None = None,
+) -> dict[str, dict[tuple[int, int], float]]:
+    """Per kind, {(stage, micro-batch): seconds} of every action of `sched` (module doc).
+
+    Args:
+      sched: the schedule; counts: cells per stage of it.
+      times: the cells' times; micro_batch: examples per micro-batch.
+      action_s: the fixed cost of one action.
+      remat: the recompute policy (one, or one per stage).
+      transfer: seconds to move the outputs of cell c (for one micro-batch) to
+        another device; None: free.
+    """
+    bounds = partition.Boundaries(list(counts))
+    if len(bounds) != sched.num_stages:
+        raise ValueError(
+            f"cost model: expected one cell count per stage of schedule {sched.name!r} "
+            f"({sched.num_stages}), received {list(counts)}"
+        )
+    kept = remat_lib.Kept(sched, remat) if sched.has_backward else set()
+    out: dict[str, dict] = {k: {} for k in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)}
+    for s, (lo, hi) in enumerate(bounds):
+        cells = range(lo, hi)
+        f, i, w = (times.Seconds(k, cells, micro_batch) for k in "FIW")
+        move_in = move_back = 0.0
+        if transfer is not None and s > 0 and sched.DeviceOf(s - 1) != sched.DeviceOf(s):
+            move_in = transfer(lo - 1)
+        last = sched.num_stages - 1
+        if transfer is not None and s < last and sched.DeviceOf(s + 1) != sched.DeviceOf(s):
+            move_back = transfer(hi - 1)
+        for m in range(sched.num_micro_batches):
+            replay = 0.0 if (s, m) in kept else f
+            out[FORWARD][(s, m)] = f + action_s + move_in
+            out[BACKWARD_INPUT][(s, m)] = i + replay + action_s + move_back
+            out[BACKWARD_WEIGHT][(s, m)] = w + action_s
+            out[BACKWARD][(s, m)] = i + w + replay + action_s + move_back
+    return out
+
+
+def OptimizerSeconds(device_weight_bytes: Sequence[float], apply_s_per_byte: float) -> float:
+    """The optimizer's apply: each device its own weights, in parallel."""
+    return max(device_weight_bytes, default=0.0) * apply_s_per_byte
+
+
+def _Best(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # trace and warm up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def MeasureActionSeconds(devices: Sequence[str], repeats: int = 7) -> float:
+    """The fixed cost of one action, measured on lingpipe's executor (module doc): a
+    1F1B pipeline of one tiny matmul per stage over `devices` (1 or 2 of them), at 2
+    and 10 micro-batches of one example."""
+    import tensorflow as tf
+
+    from lingpipe.nested_map import NestedMap
+    from lingpipe.pipeline import executor, generators, stage_context
+
+    devices = list(devices)[:2]
+    k = len(devices)
+    weights = []
+    for d in devices:
+        with tf.device(d):
+            weights.append(tf.Variable(tf.eye(4)))
+    stages = [executor.Stage([w], lambda ws, x: tf.matmul(x, ws[0])) for w in weights]
+
+    def Loss(outputs: Any, _: Any) -> NestedMap:
+        return NestedMap(loss=(tf.reduce_sum(outputs), 1.0))
+
+    def StepSeconds(m: int) -> tuple[float, float]:
+        sched = generators.Make("1f1b" if k > 1 else "gpipe", k, m)
+        x = [tf.ones([1, 4]) for _ in range(m)]
+
+        @tf.function(autograph=False)
+        def Step() -> Any:
+            r = executor.Run(
+                sched, stages, x, Loss, [None] * m, keep=set(),
+                context=lambda s, mb: stage_context.StageContext(devices[sched.DeviceOf(s)]),
+            )  # fmt: skip
+            return r.metrics.loss[0], r.weight_grads
+
+        seconds = _Best(lambda: tf.nest.map_structure(lambda t: t.numpy(), Step()), repeats)
+        units = simulate.Simulate(sched, {FORWARD: 1.0, BACKWARD: 1.0}).makespan
+        return seconds, units
+
+    (t2, u2), (t10, u10) = StepSeconds(2), StepSeconds(10)
+    return max(0.0, (t10 - t2) / (u10 - u2))
+
+
+def MeasureApplySecondsPerByte(device: str, repeats: int = 5) -> float:
+    """Seconds per weight byte of lingpipe's Adam apply (slots built first), on a
+    1M-element weight."""
+    import tensorflow as tf
+
+    from lingpipe import optimizers
+
+    with tf.device(device):
+        var = tf.Variable(tf.zeros([1024, 1024]))
+        grad = tf.ones([1024, 1024])
+    opt = optimizers.Adam.Params().Instantiate()
+    opt.Build([var])
+
+    @tf.function(autograph=False)
+    def Apply() -> Any:
+        opt.Apply([grad], [var], learning_rate=1e-3)
+        return var.read_value()[0, 0]
+
+    return _Best(lambda: Apply().numpy(), repeats) / (4 * 1024 * 1024)
