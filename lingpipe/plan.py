@@ -11,8 +11,9 @@ step time and peak memory per device; the runners-up; why the rest were refused.
 model is never built: each cell's FLOPs and shapes come from its FPropMeta, its memory
 from lingpipe.pipeline.memory's estimate, and the device's rates are measured here once.
 
-  --json=FILE   {"plan": {flag: value}, "predicted": {"step_seconds", "peak_bytes": [per
-                device]}, "candidates": [...]}
+  --json=FILE   {"for": {"model", "devices", "global_batch", "memory_per_device"}, "plan":
+                {flag: value}, "predicted": {"step_seconds", "peak_bytes": [per device]},
+                "candidates": [...]}: what the trainer's --plan=FILE reads
   --verify=N    trains the top N plans for a few steps, each in its own process, and
                 prints predicted against measured step time (also in the JSON's
                 "verify"). The measured time is the trainer's whole step (input and
@@ -62,11 +63,14 @@ class RegisteredModel:
     """A registered task's pipeline, as the planner sees it: costs per cell, and the memory
     estimate of a candidate (its TraceCells cached per micro-batch size)."""
 
-    def __init__(self, name: str, global_batch: int | None) -> None:
+    def __init__(self, name: str, global_batch: int | None, params: Any = None) -> None:
+        """`params`: the task's params as a run changed them (default: the registered)."""
         from lingpipe import model_registry
 
         try:
-            self.params = model_registry.GetParams(name, "Train")
+            self.params = (
+                params.Copy() if params is not None else model_registry.GetParams(name, "Train")
+            )
         except Exception as e:  # the registry's own one-line message
             raise PlanError(f"--model={name}: {e}") from None
         p = self.params
@@ -134,17 +138,30 @@ class RegisteredModel:
         return [memory.DeviceMemory(ms).total for ms in per_device]
 
 
-def Plan(model: RegisteredModel, num_devices: int, memory_per_device: int, rates: Any) -> Any:
-    """planner.Search over the model; PlanError when nothing fits (module doc)."""
+def Plan(
+    model: RegisteredModel,
+    num_devices: int,
+    memory_per_device: int,
+    rates: Any,
+    restrict: dict | None = None,
+) -> Any:
+    """planner.Search over the model; PlanError when nothing fits (module doc).
+
+    `restrict`: planner.Candidates' keywords (stages, micro_batches, schedules, remats).
+    """
     from lingpipe.pipeline import planner
 
     costs = model.Costs()
-    candidates = planner.Candidates(num_devices, len(costs.flops), model.global_batch)
+    candidates = planner.Candidates(
+        num_devices, len(costs.flops), model.global_batch, **(restrict or {})
+    )
     if not candidates:
         raise PlanError(
             f"--devices={num_devices} --global_batch={model.global_batch}: no configuration "
             f"applies (R replicas must divide the global batch, K stages at most "
-            f"{len(costs.flops)} cells of {model.name})"
+            f"{len(costs.flops)} cells of {model.name}"
+            + (f", and {_Restricted(restrict)}" if restrict else "")
+            + ")"
         )
     result = planner.Search(
         costs, rates, num_devices, memory_per_device, model.global_batch, model.Memory, candidates
@@ -160,10 +177,31 @@ def Plan(model: RegisteredModel, num_devices: int, memory_per_device: int, rates
     return result
 
 
+def _Restricted(restrict: dict) -> str:
+    return ", ".join(f"{k} in {list(v)}" for k, v in restrict.items())
+
+
+def PlanFlags(c: Any) -> dict[str, Any]:
+    """The trainer's flags of candidate `c`: each pipeline setting it fixes (the partition
+    as its counts per stage), and the strategy and devices of its replicas."""
+    from lingpipe.pipeline import settings
+
+    flags = {name: getattr(c, name) for name in settings.FLAGS if hasattr(c, name)}
+    flags["partition"] = list(c.partition)
+    if c.replicas > 1:
+        flags["strategy"] = "mirrored"
+        flags["logical_devices"] = c.replicas * c.num_stages
+    return flags
+
+
+def _FlagText(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
 def _CommandLine(model: str, flags: dict) -> str:
     parts = [f"python -m lingpipe.trainer --model={model}"]
     for k, v in flags.items():
-        text = str(v)
+        text = _FlagText(v)
         parts.append(f"--{k}='{text}'" if " " in text or ";" in text else f"--{k}={text}")
     return " ".join(parts)
 
@@ -177,7 +215,7 @@ def Screen(model: RegisteredModel, result: Any, memory_per_device: int) -> str:
         f"  {c.Describe()}  [{pipelined}, {c.replicas} replica(s)]",
         f"  predicted {c.step_seconds * 1e3:.1f} ms per step, peak per device "
         + ", ".join(_Mib(b) for b in c.peak_bytes),
-        "  " + _CommandLine(model.name, c.Flags()),
+        "  " + _CommandLine(model.name, PlanFlags(c)),
         "runners-up:",
     ]
     for r in result.runners_up:
@@ -190,18 +228,26 @@ def Screen(model: RegisteredModel, result: Any, memory_per_device: int) -> str:
     return "\n".join(lines)
 
 
-def Json(result: Any) -> dict:
+def Json(result: Any, model: RegisteredModel, num_devices: int, memory_per_device: int) -> dict:
+    """What --json writes; "for" says what the plan was made for (the trainer's --plan
+    refuses a plan for another model or for more devices than it has)."""
     c = result.chosen
 
     def Entry(x: Any) -> dict:
-        return dict(flags=x.Flags(), step_seconds=x.step_seconds, peak_bytes=list(x.peak_bytes))
+        return dict(flags=PlanFlags(x), step_seconds=x.step_seconds, peak_bytes=list(x.peak_bytes))
 
     return {
-        "plan": c.Flags(),
+        "for": {
+            "model": model.name,
+            "devices": num_devices,
+            "global_batch": model.global_batch,
+            "memory_per_device": memory_per_device,
+        },
+        "plan": PlanFlags(c),
         "predicted": {"step_seconds": c.step_seconds, "peak_bytes": list(c.peak_bytes)},
         "candidates": [Entry(x) for x in [c, *result.runners_up]],
         "refused": [
-            dict(flags=r.candidate.Flags(), device=r.device, excess_bytes=r.excess_bytes)
+            dict(flags=PlanFlags(r.candidate), device=r.device, excess_bytes=r.excess_bytes)
             for r in result.refused
         ],
     }
@@ -215,7 +261,7 @@ def Verify(model: str, plans: list, steps: int = 30) -> list[tuple[float, float]
         with tempfile.TemporaryDirectory() as logdir:
             cmd = [sys.executable, "-m", "lingpipe.trainer", f"--model={model}"]
             cmd += [f"--logdir={logdir}", f"--max_steps={steps}", "--log_interval_steps=10"]
-            cmd += [f"--{k}={v}" for k, v in c.Flags().items()]
+            cmd += [f"--{k}={_FlagText(v)}" for k, v in PlanFlags(c).items()]
             done = subprocess.run(cmd, capture_output=True, text=True)
         rates = re.findall(r"([0-9.]+) steps/s", done.stderr + done.stdout)
         measured = 1.0 / float(rates[-1]) if rates else float("nan")
@@ -256,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lingpipe.plan: {e}", file=sys.stderr)
         return 2
     print(Screen(model, result, cap))
-    written = Json(result)
+    written = Json(result, model, args.devices, cap)
     if args.verify:
         plans = [result.chosen, *result.runners_up][: args.verify]
         print("verify: predicted / measured step time")
@@ -265,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             error = (pred - meas) / meas * 100 if meas == meas else float("nan")
             print(f"  {pred * 1e3:8.1f} ms / {meas * 1e3:8.1f} ms ({error:+.0f}%)  {c.Describe()}")
             written["verify"].append(
-                dict(flags=c.Flags(), predicted_seconds=pred, measured_seconds=meas)
+                dict(flags=PlanFlags(c), predicted_seconds=pred, measured_seconds=meas)
             )
     if args.json:
         with open(args.json, "w") as f:

@@ -59,7 +59,8 @@ from typing import NamedTuple
 
 from absl import app, flags, logging
 
-from lingpipe.runners import startup, stop_signals
+from lingpipe.pipeline import settings
+from lingpipe.runners import plan_flags, startup, stop_signals
 
 MODES = ("train", "eval", "train_and_eval", "inspect_params", "inspect_model", "export")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "hosts")
@@ -88,12 +89,6 @@ flags.DEFINE_enum(
     "Compute dtype (sets the task's fprop_dtype); the weights stay float32. float16 "
     "trains with the dynamic loss scale of train.loss_scale.",
 )
-flags.DEFINE_bool(
-    "jit_compile_stages",
-    None,
-    "Compile each pipeline stage's work with XLA for its device (sets the task's "
-    "jit_compile_stages).",
-)
 flags.DEFINE_string(
     "export_dir",
     None,
@@ -112,25 +107,10 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string("params_file", None, "File of 'name : value' lines applied to the params.")
 flags.DEFINE_integer("max_steps", None, "Train to this step (sets train.max_steps).")
-flags.DEFINE_integer("num_stages", None, "Pipeline stages (sets the task's num_stages).")
-flags.DEFINE_integer(
-    "num_micro_batches", None, "Micro-batches per batch (sets the task's num_micro_batches)."
-)
-flags.DEFINE_string(
-    "schedule",
-    None,
-    "Pipeline schedule of the train step (sets the task's schedule): gpipe, 1f1b, "
-    "interleaved_1f1b, zero_bubble, zbv, looped_bfs, interleaved_zero_bubble, dualpipev, "
-    "v_half, v_min, "
-    "or the path of a CSV file (torch.distributed.pipelining's compute-only format); "
-    "see python -m lingpipe.pipeline.schedule.",
-)
-flags.DEFINE_integer(
-    "num_virtual_stages",
-    None,
-    "Chunks of the cells per device for --schedule=interleaved_1f1b (sets the task's "
-    "num_virtual_stages).",
-)
+# --num_stages, --num_micro_batches, --schedule, --num_virtual_stages, --remat,
+# --partition, --jit_compile_stages: one per pipeline setting, declared there.
+settings.DefineFlags(flags)
+plan_flags.DefineFlags(flags)
 flags.DEFINE_integer(
     "seed", None, "Seed of the initial weights (random_seed) and of the training data order."
 )
@@ -206,13 +186,24 @@ def _NonNegative(name: str) -> int:
     return value
 
 
-def _CheckFlags() -> None:
+def _CheckFlags() -> dict | None:
     """The flags' own values, checked before TensorFlow is imported (which takes seconds),
-    so that a bad flag is answered at once. What needs the model is checked later."""
-    for name in ("max_steps", "num_stages", "num_micro_batches", "num_virtual_stages"):
+    so that a bad flag is answered at once; a plan file's flags are set here. What needs
+    the model is checked later. Returns the plan file's JSON, or None."""
+    plan_file = plan_flags.CheckFlags(FLAGS)
+    if plan_file is not None:
+        plan_flags.Apply(FLAGS, plan_file["plan"], f"--plan={FLAGS.plan}")
+    ints = [s.name for s in settings.SETTINGS if s.flag and s.kind == "int"]
+    for name in ("max_steps", *ints):
         value = getattr(FLAGS, name)
         if value is not None and value < 1:
             raise startup.UsageError(f"--{name}: expected a positive integer, received {value}")
+    for name in ("remat", "partition"):
+        if FLAGS[name].value is not None:
+            try:
+                settings.FromText(name, FLAGS[name].value)
+            except ValueError as e:
+                raise startup.UsageError(str(e)) from None
     for name in (
         "log_interval_steps",
         "summary_interval_steps",
@@ -238,6 +229,7 @@ def _CheckFlags() -> None:
     _ProfileSteps()
     if FLAGS.mode not in ("inspect_params", "inspect_model") and FLAGS.logdir is None:
         _Logdir()  # raises: --logdir is required
+    return plan_file
 
 
 def _NoteShortSchedule(task_params) -> None:
@@ -269,27 +261,17 @@ def _Overrides() -> startup.Overrides:
         params_file=FLAGS.params_file,
         params_override=FLAGS.params_override,
         max_steps=FLAGS.max_steps,
-        num_stages=FLAGS.num_stages,
-        num_micro_batches=FLAGS.num_micro_batches,
-        schedule=FLAGS.schedule,
-        num_virtual_stages=FLAGS.num_virtual_stages,
         seed=FLAGS.seed,
+        **{name: FLAGS[name].value for name in settings.FLAGS},
     )
 
 
 def _SetPrecision(task_params) -> None:
-    """--precision and --jit_compile_stages into the task's params."""
+    """--precision into the task's params."""
     if FLAGS.precision is not None:
         from lingpipe.pipeline import precision
 
         task_params.fprop_dtype = precision.ComputeDtype(FLAGS.precision)
-    if FLAGS.jit_compile_stages is not None:
-        if "jit_compile_stages" not in task_params:
-            raise startup.UsageError(
-                f"--jit_compile_stages: the model {FLAGS.model} has no pipeline params "
-                "(base_task.DefinePipelineParams) to set"
-            )
-        task_params.jit_compile_stages = FLAGS.jit_compile_stages
 
 
 def _Export(tasks: list, plan, logdir: str) -> int:
@@ -339,11 +321,12 @@ def _Intervals():
 
 
 class _RunExtras(NamedTuple):
-    """What a training run shows beside its curves: the params text (a summary) and
-    the steps to profile (first, last), or None."""
+    """What a training run shows beside its curves: the params text (a summary), the
+    steps to profile (first, last) or None, and the plan's prediction (--plan) or None."""
 
     params_text: str
     profile_steps: tuple[int, int] | None
+    predicted: dict | None = None
 
 
 def _ProfileSteps() -> tuple[int, int] | None:
@@ -444,13 +427,15 @@ def _SetUpDevices(num_stages: int) -> None:
             raise startup.UsageError(f"--logical_devices={FLAGS.logical_devices}: {e}") from None
 
 
-def _BuildTasks(resolved: startup.ResolvedParams):
-    """Sets up the devices, builds the strategy's layout and its copies of the task.
+def _BuildTasks(resolved: startup.ResolvedParams, devices_ready: bool = False):
+    """Sets up the devices (unless `devices_ready`: --plan=auto did), builds the
+    strategy's layout and its copies of the task.
 
     Returns (layout, tasks).
     """
     num_stages = resolved.task.num_stages if "num_stages" in resolved.task else 1
-    _SetUpDevices(num_stages)
+    if not devices_ready:
+        _SetUpDevices(num_stages)
     import tensorflow as tf
 
     # TensorFlow's own INFO lines (one per all-reduce traced, per checkpoint shard)
@@ -526,6 +511,11 @@ def _Train(layout, tasks: list, plan, logdir: str, intervals, run) -> int:
     from lingpipe.runners import train_loop
 
     layout.CreateOptimizers(tasks)
+    watch = None
+    if run.predicted is not None and layout.is_chief:
+        pipelines = _FindPipelines(tasks[0])
+        local = pipelines and _LocalDevices(pipelines[0])
+        watch = plan_flags.PlanCheck(logdir, run.predicted, pipelines[0].devices if local else None)
     profile = None
     if run.profile_steps is not None:
         pipelines = _FindPipelines(tasks[0])
@@ -547,6 +537,7 @@ def _Train(layout, tasks: list, plan, logdir: str, intervals, run) -> int:
         max_to_keep=FLAGS.max_checkpoints_to_keep,
         profile=profile,
         params_text=run.params_text,
+        watch=watch,
     )
     trainer.SetStepTimeout(layout.StepTimeout(FLAGS.step_timeout_s))
     from lingpipe.runners.evaler import Results as EvalResults
@@ -561,12 +552,21 @@ def _Train(layout, tasks: list, plan, logdir: str, intervals, run) -> int:
     return 0
 
 
-def _Run() -> int:
+def _Run(plan_file: dict | None = None) -> int:
     """Resolves the params, builds and checks everything the mode needs, and only then
     writes the params to the logdir and runs the mode."""
     from lingpipe.runners import inspect_model, preflight
 
     resolved = startup.ResolveParams(FLAGS.model, _Overrides())
+    predicted, devices_ready = None, False
+    if FLAGS.plan is not None:
+        resolved, predicted, devices_ready = plan_flags.Prepare(
+            FLAGS,
+            resolved,
+            plan_file,
+            set_up_devices=_SetUpDevices,
+            resolve=lambda: startup.ResolveParams(FLAGS.model, _Overrides()),
+        )
     _SetPrecision(resolved.task)
     if FLAGS.mode == "inspect_params":
         print(resolved.task.ToText(), end="")
@@ -575,10 +575,10 @@ def _Run() -> int:
     intervals = _Intervals()
     profile = _ProfileSteps()
     profile = startup.CheckProfileSteps(profile, resolved.task.train.max_steps, FLAGS.profile_steps)
-    run = _RunExtras(resolved.task.ToText(), profile)
+    run = _RunExtras(resolved.task.ToText(), profile, predicted)
     if FLAGS.mode in ("train", "train_and_eval"):
         _NoteShortSchedule(resolved.task)
-    layout, tasks = _BuildTasks(resolved)
+    layout, tasks = _BuildTasks(resolved, devices_ready)
     if FLAGS.mode == "inspect_model":
         print(inspect_model.Describe(tasks[0]))
         return 0
@@ -637,7 +637,7 @@ def _Main() -> int:
     """main's work, under its signal handling: an error that ends the run prints one
     line and becomes the exit status."""
     try:
-        _CheckFlags()
+        plan_file = _CheckFlags()
     except startup.UsageError as e:
         print(f"lingpipe.trainer: error: {e}", file=sys.stderr)
         return 2
@@ -647,7 +647,7 @@ def _Main() -> int:
     from lingpipe.runners import checkpointer, rundir, train_loop
 
     try:
-        return _Run()
+        return _Run(plan_file)
     except (startup.UsageError, rundir.LogdirLockedError) as e:
         print(f"lingpipe.trainer: error: {e}", file=sys.stderr)
         return 2

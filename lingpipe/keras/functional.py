@@ -66,6 +66,7 @@ import keras
 
 from lingpipe.keras import graph as graph_lib
 from lingpipe.keras import graph_pipeline, model_base
+from lingpipe.pipeline import settings
 
 
 def _InputSpec(model: Any) -> Any:
@@ -77,41 +78,39 @@ def _InputSpec(model: Any) -> Any:
 
 
 @keras.saving.register_keras_serializable(package="lingpipe")
+@settings.Documented(
+    "num_stages",
+    "num_micro_batches",
+    "partition",
+    "schedule",
+    "remat",
+    "devices",
+    "num_virtual_stages",
+)
 class Pipeline(model_base.PipelineModel):
     """A built Keras model run as a pipeline (see the module docstring).
 
     Args:
       model: a built Functional model or keras.Sequential; its variables move to the
         stages' devices and are this model's weights.
-      num_stages: devices (K); the schedule runs one stage on each, or more (see
-        `schedule` and `num_virtual_stages`).
-      num_micro_batches: micro-batches each batch is split into.
       split_points: names of the layers where stages 1.. begin, one fewer than the
         schedule's stages ('outer/inner' for a nested model's layer); None cuts by
-        `partition`.
-      partition: 'flops', 'params', 'uniform', 'profile' (measured forward time per layer
-        call, one example), or a list of layer calls per stage.
-      schedule: fit's order of work ('gpipe', '1f1b', 'zero_bubble', 'zbv', ...), a
-        Schedule value or the path of a CSV file (torch's format).
-      remat: 'always', 'except_last' or 'never', or a list of them with one per stage of
-        the schedule (recompute on the first stages only: ['always', 'never'] for 'gpipe'
-        on two devices; 'zbv' and 'dualpipev' have 2 * num_stages stages).
-      devices: one device name per device; None takes the cluster's first num_stages.
-      num_virtual_stages: stages per device for 'interleaved_1f1b', 'looped_bfs' and
-        'interleaved_zero_bubble' (stage s on device s mod K).
+        `partition` (counts are of layer calls; 'profile' times each call's forward on
+        one example). Up to lingpipe 0.1.0 partition defaulted to 'flops' here;
+        pass partition='flops' to cut by FLOPs.
     """
 
     def __init__(
         self,
         model: Any,
-        num_stages: int = 1,
-        num_micro_batches: int = 1,
+        num_stages: int = settings.DEFAULTS.num_stages,
+        num_micro_batches: int = settings.DEFAULTS.num_micro_batches,
         split_points: Sequence[str] | None = None,
-        partition: Any = "flops",
-        schedule: str = "gpipe",
-        remat: str | Sequence[str] = "always",
-        devices: Sequence[str] | None = None,
-        num_virtual_stages: int = 1,
+        partition: Any = settings.DEFAULTS.partition,
+        schedule: str = settings.DEFAULTS.schedule,
+        remat: str | Sequence[str] = settings.DEFAULTS.remat,
+        devices: Sequence[str] | None = settings.DEFAULTS.devices,
+        num_virtual_stages: int = settings.DEFAULTS.num_virtual_stages,
         **kwargs: Any,
     ) -> None:
         model_base.EnsureDevices(num_stages, devices, "lingpipe.keras.Pipeline")

@@ -35,7 +35,15 @@ from keras.src.models import functional as keras_functional
 from lingpipe import asserts, base_layer, cluster, seeds
 from lingpipe.keras import graph as graph_lib
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import driver, executor, generators, gradient_sums, micro_batch, schedule
+from lingpipe.pipeline import (
+    driver,
+    executor,
+    generators,
+    gradient_sums,
+    micro_batch,
+    schedule,
+    settings,
+)
 from lingpipe.pipeline import remat as remat_lib
 
 
@@ -43,36 +51,37 @@ def _Unique(items: list) -> list:
     return list({id(x): x for x in items}.values())
 
 
+@settings.Documented(
+    "num_stages",
+    "num_micro_batches",
+    "partition",
+    "schedule",
+    "remat",
+    "devices",
+    "num_virtual_stages",
+)
 class GraphPipeline:
     """A Keras model's graph as pipeline stages (see the module docstring).
 
     Args:
       model: a built Functional model or keras.Sequential (its variables are moved).
-      num_stages: devices (K); the schedule runs one stage on each, or two (zbv,
-        dualpipev: the V placement), or num_virtual_stages (interleaved, loop placement).
-      num_micro_batches: micro-batches each batch is split into.
       split_points: layer names where stages 1.. begin (one fewer than the schedule's
-        stages), or None to cut by cost.
-      partition: 'flops', 'params', 'uniform', or node counts per stage.
-      schedule: ForwardBackward's order ('gpipe', '1f1b', 'zbv', ...; a Schedule or CSV path).
-      remat: 'always', 'except_last' or 'never', or a list of them with one per stage of
-        the schedule (2 * num_stages for 'zbv' and 'dualpipev').
-      devices: one per device; None takes the cluster's first num_stages.
-      num_virtual_stages: stages per device of the loop-placed interleaved schedules.
+        stages), or None to cut by `partition` (counts are of graph nodes).
+      where: the caller's name in error messages.
     """
 
     def __init__(
         self,
         model: Any,
-        num_stages: int = 1,
-        num_micro_batches: int = 1,
+        num_stages: int = settings.DEFAULTS.num_stages,
+        num_micro_batches: int = settings.DEFAULTS.num_micro_batches,
         split_points: Sequence[str] | None = None,
-        partition: Any = "flops",
-        schedule: str = "gpipe",
-        remat: remat_lib.Remat = "always",
-        devices: Sequence[str] | None = None,
+        partition: Any = settings.DEFAULTS.partition,
+        schedule: str = settings.DEFAULTS.schedule,
+        remat: remat_lib.Remat = settings.DEFAULTS.remat,
+        devices: Sequence[str] | None = settings.DEFAULTS.devices,
         where: str = "lingpipe.keras.Pipeline",
-        num_virtual_stages: int = 1,
+        num_virtual_stages: int = settings.DEFAULTS.num_virtual_stages,
     ) -> None:
         self._where = where
         asserts.Positive(num_micro_batches, "num_micro_batches", where=where)

@@ -43,6 +43,7 @@ import tensorflow as tf
 
 from lingpipe.keras import model_base
 from lingpipe.layers import gpipe, keras_cell
+from lingpipe.pipeline import settings
 
 
 def _SequentialInputShape(layers: Any) -> tuple | None:
@@ -130,36 +131,33 @@ def _Configs(layers: list, where: str) -> list[dict]:
 
 
 @keras.saving.register_keras_serializable(package="lingpipe")
+@settings.Documented(
+    "num_stages",
+    "num_micro_batches",
+    "remat",
+    "schedule",
+    "devices",
+    "num_virtual_stages",
+    "partition",
+)
 class PipelinedSequential(model_base.PipelineModel):
     """A keras.Model of Keras layers run in order as a pipeline (see the module docstring).
 
     Args:
       layers: Keras layers (or a keras.Sequential), run in order; one cell each.
-      num_stages: devices (K); the schedule runs one stage on each, or more (see
-        `schedule` and `num_virtual_stages`).
-      num_micro_batches: micro-batches each batch is split into.
-      remat: 'always', 'except_last' or 'never', or a list of them with one per stage of
-        the schedule (see PipeliningLayer).
-      schedule: fit's order of work: a name ('gpipe', '1f1b', 'zero_bubble', the V-shaped
-        'zbv' and 'dualpipev' with two stages per device, ...), a Schedule value or the
-        path of a CSV file (torch's format).
-      devices: one device name per device; None takes the cluster's first num_stages.
-      num_virtual_stages: stages per device for 'interleaved_1f1b', 'looped_bfs' and
-        'interleaved_zero_bubble' (stage s on device s mod K).
-      partition: 'uniform', 'flops', 'params', or a list of layer counts per stage.
       input_shape: one example's shape, without the batch dim, e.g. (784,).
     """
 
     def __init__(
         self,
         layers: Any,
-        num_stages: int = 1,
-        num_micro_batches: int = 1,
-        remat: str | Sequence[str] = "always",
-        schedule: str = "gpipe",
-        devices: Sequence[str] | None = None,
-        num_virtual_stages: int = 1,
-        partition: Any = "uniform",
+        num_stages: int = settings.DEFAULTS.num_stages,
+        num_micro_batches: int = settings.DEFAULTS.num_micro_batches,
+        remat: str | Sequence[str] = settings.DEFAULTS.remat,
+        schedule: str = settings.DEFAULTS.schedule,
+        devices: Sequence[str] | None = settings.DEFAULTS.devices,
+        num_virtual_stages: int = settings.DEFAULTS.num_virtual_stages,
+        partition: Any = settings.DEFAULTS.partition,
         input_shape: Sequence[int | None] | None = None,
         **kwargs: Any,
     ) -> None:

@@ -48,11 +48,12 @@ from lingpipe.pipeline import (
     partition,
     remat,
     schedule,
+    settings,
     xla,
 )
 from lingpipe.pipeline import report as report_lib
 
-PARTITION_POLICIES = ("uniform", "flops", "params", "profile")
+PARTITION_POLICIES = settings.PARTITION_POLICIES  # the old name, kept
 
 
 def _Unpacked(outputs: Any) -> Any:
@@ -67,42 +68,16 @@ class PipeliningLayer(base_layer.BaseLayer):
     def Params(cls) -> hyperparams.InstantiableParams:
         p = super().Params()
         p.Define("cell_tpl", [], "Layer params of the cells, run in order.")
-        p.Define(
-            "num_stages",
-            1,
-            "Number of devices the pipeline runs on (K); the schedule may give each "
-            "several stages (num_virtual_stages, or two for the V-shaped ones).",
-        )
-        p.Define(
-            "partition",
-            "uniform",
-            "How cells are cut into stages: 'uniform' (cell count), 'flops' and 'params' "
-            "(from FPropMeta, needs input_shapes), 'profile' (measured forward+backward "
-            "time per cell, needs input_shapes), or a list of cell counts per stage.",
-        )
-        p.Define(
-            "devices",
-            None,
-            "Device names, one per device of the schedule; None takes the first num_stages of "
-            "the cluster (accelerators first).",
-        )
-        p.Define("num_micro_batches", 1, "Micro-batches each batch is split into.")
+        # The knobs every front end shares: lingpipe.pipeline.settings declares them.
+        for name in ("num_stages", "partition", "devices", "num_micro_batches"):
+            settings.Define(p, name)
         p.Define(
             "micro_batch_size",
             None,
             "If set, num_micro_batches = ceil(batch / micro_batch_size) for each batch.",
         )
         p.Define("batch_dim", 0, "The dimension of the inputs that is the batch.")
-        p.Define(
-            "remat",
-            "always",
-            "Recompute each stage's forward in backward: 'always', 'except_last' (keep, per "
-            "stage, the micro-batch whose backward follows its forward most closely with no "
-            "other backward in between: the last one under FProp and 'gpipe'), or 'never'; "
-            "or a list of them, one per stage of the schedule (2 * num_stages for 'zbv' and "
-            "'dualpipev', num_stages * num_virtual_stages when interleaved).",
-            text_types=(str, list, tuple),
-        )
+        settings.Define(p, "remat")
         p.Define(
             "input_shapes",
             None,
@@ -111,27 +86,8 @@ class PipeliningLayer(base_layer.BaseLayer):
             "PartitionReport() before the first call.",
         )
         p.Define("profile_repeats", 3, "Timed runs per cell for partition='profile'.")
-        p.Define(
-            "schedule",
-            "gpipe",
-            "The order of ForwardBackward's work and the stages' placement: a name of "
-            "lingpipe.pipeline.generators ('gpipe', '1f1b', 'zero_bubble', 'zbv', ...), a "
-            "schedule.Schedule, or the path of a CSV file (torch's compute-only format). "
-            "FProp under a caller's tape runs fill-drain over the same placement.",
-        )
-        p.Define(
-            "jit_compile_stages",
-            False,
-            "Compile each stage's work with XLA for its device (tf.function(jit_compile=True) "
-            "per stage function: its forward, recomputation and gradient), see "
-            "lingpipe.pipeline.xla. Cells must not use batch norm.",
-        )
-        p.Define(
-            "num_virtual_stages",
-            1,
-            "Stages per device for the loop-placed interleaved schedules: the cells are cut "
-            "into num_stages * num_virtual_stages stages, stage s on device s mod num_stages.",
-        )
+        for name in ("schedule", "jit_compile_stages", "num_virtual_stages"):
+            settings.Define(p, name)
         return p
 
     def __init__(self, params: hyperparams.InstantiableParams) -> None:

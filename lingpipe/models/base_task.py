@@ -40,6 +40,7 @@ import tensorflow as tf
 from lingpipe import asserts, base_layer, hyperparams, loss_scale, optimizers, schedules, seeds
 from lingpipe.layers import gpipe
 from lingpipe.nested_map import NestedMap
+from lingpipe.pipeline import settings
 
 
 def _TrainParams() -> hyperparams.Params:
@@ -104,30 +105,10 @@ def LpRegularizedVariables(layer: base_layer.BaseLayer) -> list[tf.Variable]:
 
 
 def DefinePipelineParams(p: hyperparams.Params) -> hyperparams.Params:
-    """Defines the pipeline knobs every pipelined task has (and the trainer's flags set)."""
-    p.Define("num_stages", 1, "Pipeline stages, one device each (1: unpipelined).")
-    p.Define("num_micro_batches", 1, "Micro-batches each batch is split into.")
-    p.Define(
-        "remat",
-        "always",
-        "Recompute policy: 'always', 'except_last' or 'never', or a list of them with one "
-        "per stage of the schedule (see PipeliningLayer).",
-        text_types=(str, list, tuple),
-    )
-    p.Define("partition", "uniform", "How cells are cut into stages (see PipeliningLayer).")
-    p.Define(
-        "schedule",
-        "gpipe",
-        "Pipeline schedule of the training step: a name of lingpipe.pipeline.generators."
-        "SCHEDULES ('gpipe', '1f1b', 'zero_bubble', 'zbv', 'v_half', 'v_min', ...) or the "
-        "path of a CSV file (see python -m lingpipe.pipeline.schedule).",
-    )
-    p.Define("num_virtual_stages", 1, "Chunks per device for schedule='interleaved_1f1b'.")
-    p.Define(
-        "jit_compile_stages",
-        False,
-        "Compile each stage's work with XLA for its device (see PipeliningLayer).",
-    )
+    """Defines the pipeline knobs every pipelined task has (and the trainer's flags set):
+    lingpipe.pipeline.settings.TASK, each with its one default and doc line."""
+    for name in settings.TASK:
+        settings.Define(p, name)
     return p
 
 
@@ -135,19 +116,10 @@ def PipelineLayerParams(
     p: hyperparams.Params, cells: list, input_shapes: Any = None
 ) -> hyperparams.InstantiableParams:
     """The params of a task's `pipeline` child: `cells` cut by the knobs of
-    DefinePipelineParams (num_stages, num_micro_batches, remat, partition,
-    schedule, num_virtual_stages, jit_compile_stages)."""
+    DefinePipelineParams (settings.TASK: num_stages, num_micro_batches, schedule, ...)."""
+    knobs = {name: p.Get(name) for name in settings.TASK if name in p}
     return gpipe.PipeliningLayer.Params().Set(
-        name="pipeline",
-        cell_tpl=cells,
-        num_stages=p.num_stages,
-        num_micro_batches=p.num_micro_batches,
-        remat=p.remat,
-        partition=p.partition,
-        schedule=p.schedule,
-        num_virtual_stages=p.num_virtual_stages,
-        jit_compile_stages=p.jit_compile_stages if "jit_compile_stages" in p else False,
-        input_shapes=input_shapes,
+        name="pipeline", cell_tpl=cells, input_shapes=input_shapes, **knobs
     )
 
 

@@ -209,6 +209,8 @@ _BUILDERS: dict[str, Callable[[str, int, int, int], Schedule]] = {
     "forward_only": BreadthFirst,
 }
 SCHEDULES = tuple(_BUILDERS)  # in the order errors and the command line list them
+# What a training step may run: every schedule but evaluation's (no backwards).
+TRAINING = tuple(name for name in SCHEDULES if name != "forward_only")
 
 
 def Make(

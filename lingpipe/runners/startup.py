@@ -6,8 +6,8 @@ the logdir is created only once the params resolve.
 
 The params of a run are the registered model's (`model_registry.GetParams(key,
 'Train')`), then `--params_file`, then `--params_override`, then the shortcut
-flags (`--max_steps`, `--num_stages`, `--num_micro_batches`, `--schedule`,
-`--num_virtual_stages`, `--seed`), in that
+flags (`--max_steps`, `--seed`, and one per pipeline setting: `--num_stages`,
+`--num_micro_batches`, `--schedule`, ..., lingpipe.pipeline.settings.FLAGS), in that
 order. Overrides use Lingvo's text: `a.b : 1; c.d : 'x'`, one assignment per `;`
 or line, values read as literals and never run as code.
 """
@@ -17,8 +17,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import uuid
+from typing import Any
 
 from lingpipe import glob_paths, hyperparams, model_registry
+from lingpipe.pipeline import generators, settings
 
 PARAMS_FILE = "params.txt"
 PARAMS_DIFF_FILE = "params_diff.txt"
@@ -28,18 +30,20 @@ class UsageError(ValueError):
     """Input the user can fix: the message says what was received and what was expected."""
 
 
-@dataclasses.dataclass
-class Overrides:
-    """What the flags change in the registered params."""
-
-    params_file: str | None = None
-    params_override: str = ""
-    max_steps: int | None = None
-    num_stages: int | None = None
-    num_micro_batches: int | None = None
-    schedule: str | None = None
-    num_virtual_stages: int | None = None
-    seed: int | None = None
+# What the flags change in the registered params: the files and overrides, then one
+# field per pipeline setting with a trainer flag (settings.FLAGS), None when not given.
+Overrides = dataclasses.make_dataclass(
+    "Overrides",
+    [
+        ("params_file", "str | None", dataclasses.field(default=None)),
+        ("params_override", str, dataclasses.field(default="")),
+        ("max_steps", "int | None", dataclasses.field(default=None)),
+        ("seed", "int | None", dataclasses.field(default=None)),
+        *[(name, Any, dataclasses.field(default=None)) for name in settings.FLAGS],
+    ],
+    namespace={"__doc__": "What the flags change in the registered params."},
+)
+Overrides.__module__ = __name__
 
 
 @dataclasses.dataclass
@@ -153,16 +157,37 @@ def _CheckPositive(value: int, flag: str) -> None:
         raise UsageError(f"--{flag}: expected a positive integer, received {value!r}")
 
 
-def _SetShortcut(p: hyperparams.Params, name: str, value: int | None, flag: str) -> None:
+def _SetSetting(p: hyperparams.Params, name: str, value: Any) -> None:
+    """The pipeline setting `name` from its flag (text, or a value from Python)."""
     if value is None:
         return
-    _CheckPositive(value, flag)
+    kind = settings.Get(name).kind
+    flag = f"--{name}" if kind == "int" else f"--{name}={value}"
+    if isinstance(value, str) and kind not in ("schedule", "int"):
+        try:
+            value = settings.FromText(name, value)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    elif problem := settings.Problem(name, value):
+        raise UsageError(f"{flag}: {_Suggest(name, value, problem)}")
     if name not in p:
         raise UsageError(
-            f"--{flag}={value}: the task {p.cls.__name__} has no param {name!r}, so it "
-            "cannot be set from the command line (is the task pipelined?)"
+            f"{flag}: the task {p.cls.__name__} has no param {name!r}, so it cannot be "
+            "set from the command line (is the task pipelined?)"
         )
     p.Set(**{name: value})
+    if name == "schedule" and generators.IsCsvPath(value):
+        _CheckScheduleFile(value)
+
+
+def _Suggest(name: str, value: Any, problem: str) -> str:
+    """`problem`, with "did you mean" for a misspelt schedule."""
+    import difflib
+
+    if name != "schedule":
+        return problem
+    close = difflib.get_close_matches(str(value), settings.TrainSchedules(), n=1)
+    return problem + (f"; did you mean {close[0]!r}?" if close else "")
 
 
 def ResolveParams(key: str, overrides: Overrides) -> ResolvedParams:
@@ -192,30 +217,8 @@ def ResolveParams(key: str, overrides: Overrides) -> ResolvedParams:
     if overrides.max_steps is not None:
         _CheckPositive(overrides.max_steps, "max_steps")
         p.train.max_steps = overrides.max_steps
-    _SetShortcut(p, "num_stages", overrides.num_stages, "num_stages")
-    _SetShortcut(p, "num_micro_batches", overrides.num_micro_batches, "num_micro_batches")
-    _SetShortcut(p, "num_virtual_stages", overrides.num_virtual_stages, "num_virtual_stages")
-    if overrides.schedule is not None:
-        from lingpipe.pipeline import generators
-
-        names = generators.SCHEDULES
-        if overrides.schedule not in names and not generators.IsCsvPath(overrides.schedule):
-            import difflib
-
-            close = difflib.get_close_matches(overrides.schedule, names, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise UsageError(
-                f"--schedule={overrides.schedule}: expected one of "
-                f"{', '.join(names)} or the path of a CSV file{hint}"
-            )
-        if "schedule" not in p:
-            raise UsageError(
-                f"--schedule={overrides.schedule}: the task {p.cls.__name__} has no pipeline "
-                "schedule to set"
-            )
-        p.schedule = overrides.schedule
-        if generators.IsCsvPath(overrides.schedule):
-            _CheckScheduleFile(overrides.schedule)
+    for name in settings.FLAGS:
+        _SetSetting(p, name, getattr(overrides, name))
     if overrides.seed is not None:
         if isinstance(overrides.seed, bool) or overrides.seed < 0:
             raise UsageError(f"--seed: expected an integer >= 0, received {overrides.seed!r}")

@@ -373,6 +373,8 @@ class Trainer:
       profile: steps to record with TensorFlow's profiler (chief only), or None.
       params_text: the run's params as text, written once at the start of Train as
         the text summary `params` in logdir/train (chief only), or None.
+      watch: an object whose Before(step) and After(step, last) run around each
+        step's work, timing it (plan_flags.PlanCheck), or None.
     """
 
     def __init__(
@@ -391,8 +393,10 @@ class Trainer:
         reduce_gradients: Callable[[list], list] = ReduceGradients,
         profile: ProfileSteps | None = None,
         params_text: str | None = None,
+        watch: Any = None,
     ) -> None:
         self._tasks = list(tasks)
+        self._watch = watch
         self._profiler = _Profiler(profile, logdir, is_chief)
         self._params_text = params_text
         self._task = self._tasks[0]
@@ -708,7 +712,11 @@ class Trainer:
         batch_size = self._input.params.batch_size
         for step in range(start + 1, self._max_steps + 1):
             self._profiler.Before(step)
+            if self._watch is not None:
+                self._watch.Before(step)
             result = self._RunStep(iterator, step, signals.received is not None)
+            if self._watch is not None:
+                self._watch.After(step, step == self._max_steps)
             self._profiler.After(step, step == self._max_steps)
             self._CheckFinite(step, result)
             self._global_step.assign(step)
