@@ -56,6 +56,8 @@ def ParseSize(text: str, flag: str = "--memory_per_device") -> int:
 
 
 def _Mib(num_bytes: float) -> str:
+    if num_bytes < 2**20 / 10:  # a cap of a few KiB would read '0.0 MiB'
+        return f"{num_bytes / 2**10:,.1f} KiB"
     return f"{num_bytes / 2**20:,.1f} MiB"
 
 

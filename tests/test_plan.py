@@ -33,6 +33,18 @@ def test_a_plan_and_its_json(tmp_path):
     assert written["predicted"]["step_seconds"] > 0
     assert all(b <= 8 * 2**20 for b in written["predicted"]["peak_bytes"])
     assert written["plan"]["num_stages"] in (1, 2)
+    assert written["for"] == {
+        "model": "lm.TransformerLmTiny",
+        "devices": 2,
+        "global_batch": 32,
+        "memory_per_device": 8 * 2**20,
+    }
+    # What the trainer's --plan=FILE reads: its flags, the partition as counts per stage.
+    from lingpipe.runners import plan_flags
+
+    assert set(written["plan"]) <= set(plan_flags.PLAN_FLAGS)
+    assert sum(written["plan"]["partition"]) == 4  # the tiny LM's cells
+    assert plan_flags.ReadPlan(str(out), "lm.TransformerLmTiny") == written
 
 
 @pytest.mark.parametrize(
@@ -42,7 +54,8 @@ def test_a_plan_and_its_json(tmp_path):
         (["--devices=2", "--memory_per_device=12XB"], "--memory_per_device=12XB: expected a"),
         (
             ["--devices=2", "--memory_per_device=1MiB"],
-            "no plan of lm.TransformerLmTiny on 2 device(s) fits; the smallest needs",
+            "--memory_per_device=1.0 MiB: no plan of lm.TransformerLmTiny on 2 device(s) fits; "
+            "the smallest needs",
         ),
     ],
 )

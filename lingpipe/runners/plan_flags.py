@@ -8,8 +8,9 @@ check of its predictions against the run (plan_check.json).
     python -m lingpipe.trainer --model=lm.TransformerLmTiny --logdir=/tmp/lp --plan=plan.json
 
 --plan=auto plans for this run's params on its devices: --logical_devices, else the
-accelerators, else the task's num_stages (--num_stages); the pipeline flags given on the
-command line narrow the search (stages, micro-batches, schedule, remat). --plan=FILE reads
+accelerators, else the task's num_stages (--num_stages); R replicas x K stages of them,
+or one replica of --num_stages under an explicit --strategy=default. The pipeline flags
+given on the command line narrow the search (stages, micro-batches, schedule, remat). --plan=FILE reads
 the JSON that `python -m lingpipe.plan --json` writes; it must have been written for
 this --model and for no more devices than this run has. Either way a flag given on the
 command line wins over the plan's value, and the log says so, one line per flag.
@@ -368,15 +369,21 @@ def Prepare(
                 batch,
             )
         return resolved, plan_file["predicted"], False
-    if flags.logical_devices:
+    restrict = Restrictions(flags)
+    one_replica = flags["strategy"].present and flags.strategy == "default"
+    if one_replica and flags["num_stages"].present:
+        num_devices, where = flags.num_stages, "--num_stages, one replica: --strategy=default"
+    elif flags.logical_devices:
         num_devices, where = flags.logical_devices, "--logical_devices"
     elif accelerators:
         num_devices, where = len(accelerators), "the accelerators"
     else:
         num_devices = resolved.task.num_stages if "num_stages" in resolved.task else 1
         where = "the task's num_stages"
+    if one_replica:
+        restrict["stages"] = [num_devices]
     logging.info("plan: planning for %d device(s) (%s)", num_devices, where)
     set_up_devices(num_devices)
-    written = Auto(resolved, num_devices, flags.memory_per_device, Restrictions(flags))
+    written = Auto(resolved, num_devices, flags.memory_per_device, restrict)
     Apply(flags, written["plan"], "--plan=auto")
     return resolve(), written["predicted"], True
