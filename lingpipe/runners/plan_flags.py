@@ -10,8 +10,8 @@ check of its predictions against the run (plan_check.json).
 --plan=auto plans for this run's params on its devices: --logical_devices, else the
 accelerators, else the task's num_stages (--num_stages); R replicas x K stages of them,
 or one replica of --num_stages under an explicit --strategy=default. The pipeline flags
-given on the command line narrow the search (stages, micro-batches, schedule, remat). --plan=FILE reads
-the JSON that `python -m lingpipe.plan --json` writes; it must have been written for
+given on the command line narrow the search (stages, micro-batches, schedule, remat).
+--plan=FILE reads the JSON that `python -m lingpipe.plan --json` writes; it must have been written for
 this --model and for no more devices than this run has. Either way a flag given on the
 command line wins over the plan's value, and the log says so, one line per flag.
 
