@@ -4,12 +4,15 @@
     python -m lingpipe.trainer --model=lm.TransformerLmTiny --logdir=/tmp/lp --mode=eval
     python -m lingpipe.trainer --model=lm.TransformerLmTiny --mode=inspect_model \\
         --num_stages=4 --params_override="num_micro_batches : 8"
+    python -m lingpipe.trainer --model=lm.TransformerLmTiny --logdir=/tmp/lp \\
+        --plan=auto --memory_per_device=64MiB    # or --plan=FILE from python -m lingpipe.plan
 
 (also installed as the `lingpipe-trainer` command). A run in a logdir that holds
 checkpoints resumes from the latest one. The logdir receives params.txt (the full
 params), params_diff.txt (where they differ from the registered model),
-checkpoints/, summaries for TensorBoard in train/ and eval_<dataset>/, and
-eval_<dataset>.json with the latest evaluation.
+checkpoints/, summaries for TensorBoard in train/ and eval_<dataset>/,
+eval_<dataset>.json with the latest evaluation, and with --plan plan_check.json (the
+plan's predicted step time and memory against the measured; lingpipe.runners.plan_flags).
 
 One run at a time per logdir: the chief holds the lock `lingpipe.lock` there (its
 host, pid and start time) for the whole run; a second run on the same logdir is
@@ -111,6 +114,8 @@ flags.DEFINE_integer("max_steps", None, "Train to this step (sets train.max_step
 # --partition, --jit_compile_stages: one per pipeline setting, declared there.
 settings.DefineFlags(flags)
 plan_flags.DefineFlags(flags)
+for _name in (*settings.FLAGS, *plan_flags.FLAGS):
+    flags.declare_key_flag(_name)  # defined there, listed by this module's --help
 flags.DEFINE_integer(
     "seed", None, "Seed of the initial weights (random_seed) and of the training data order."
 )
@@ -668,7 +673,7 @@ def Run() -> None:
     """
     # --help lists the main module's flags; for the installed command that module
     # is the launcher script, so these flags are registered as its own.
-    for flag in FLAGS.get_flags_for_module(__name__):
+    for flag in FLAGS.get_key_flags_for_module(__name__):
         FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     # --help prints the main module's docstring: the launcher script has none.
     main_module = sys.modules["__main__"]

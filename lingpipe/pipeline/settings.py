@@ -72,8 +72,9 @@ SETTINGS: tuple[Setting, ...] = (
         "gpipe",
         "Order of the training step's work and the stages' placement: "
         + ", ".join(TrainSchedules())
-        + " (lingpipe.pipeline.generators), or the path of a CSV file (torch's "
-        "compute-only format; see python -m lingpipe.pipeline.schedule).",
+        + " (lingpipe.pipeline.generators), the path of a CSV file (torch's "
+        "compute-only format; see python -m lingpipe.pipeline.schedule), or from Python a "
+        "schedule.Schedule value.",
         "schedule",
         TrainSchedules(),
     ),

@@ -11,8 +11,8 @@ check of its predictions against the run (plan_check.json).
 accelerators, else the task's num_stages (--num_stages); R replicas x K stages of them,
 or one replica of --num_stages under an explicit --strategy=default. The pipeline flags
 given on the command line narrow the search (stages, micro-batches, schedule, remat).
---plan=FILE reads the JSON that `python -m lingpipe.plan --json` writes; it must have been written for
-this --model and for no more devices than this run has. Either way a flag given on the
+--plan=FILE reads the JSON that `python -m lingpipe.plan --json` writes; it must have
+been written for this --model and for no more devices than this run has. Either way a flag given on the
 command line wins over the plan's value, and the log says so, one line per flag.
 
 After the run's first step (which traces) and up to MEASURED_STEPS more, the chief
@@ -40,6 +40,9 @@ MEASURED_STEPS = 10
 # What a plan may set: the pipeline settings' flags, the replicas' strategy and devices,
 # and (plans written before the settings had flags) a params_override.
 PLAN_FLAGS = (*settings.FLAGS, "strategy", "logical_devices")
+
+
+FLAGS = ("plan", "memory_per_device")  # the trainer's flags defined here
 
 
 def DefineFlags(flags: Any) -> None:

@@ -66,6 +66,8 @@ def test_the_schedules_are_the_registrys_and_the_flags_list_them():
     help_text = " ".join(trainer.FLAGS["schedule"].help.split())
     for name in generators.TRAINING:
         assert f"{name}," in help_text or f"{name} (" in help_text, name
+    listed = {f.name for f in trainer.FLAGS.get_key_flags_for_module(trainer.__name__)}
+    assert set(settings.FLAGS) | {"plan", "memory_per_device"} <= listed  # --help shows them
     for name in settings.FLAGS:
         assert " ".join(trainer.FLAGS[name].help.split()).startswith(settings.Get(name).doc)
         assert trainer.FLAGS[name].default is None  # not given: the task's value
