@@ -12,8 +12,9 @@ accelerators, else the task's num_stages (--num_stages); R replicas x K stages o
 or one replica of --num_stages under an explicit --strategy=default. The pipeline flags
 given on the command line narrow the search (stages, micro-batches, schedule, remat).
 --plan=FILE reads the JSON that `python -m lingpipe.plan --json` writes; it must have
-been written for this --model and for no more devices than this run has. Either way a flag given on the
-command line wins over the plan's value, and the log says so, one line per flag.
+been written for this --model and for no more devices than this run has. Either way a
+flag given on the command line wins over the plan's value, and the log says so, one
+line per flag.
 
 After the run's first step (which traces) and up to MEASURED_STEPS more, the chief
 writes LOGDIR/plan_check.json, {"predicted": {"step_seconds", "peak_bytes"},
