@@ -52,7 +52,26 @@ def _Defines(cls: Any) -> list[tuple[str, str, str]]:
             description = node.args[2]
             text = description.value if isinstance(description, ast.Constant) else "?"
             out.append((node.args[0].value, ast.unparse(node.args[1]), text))
+        elif _IsSettingDefine(node):
+            from lingpipe.pipeline import settings  # plain Python, no TensorFlow
+
+            s = settings.Get(node.args[1].value)
+            out.append((s.name, repr(s.default), s.doc))
     return out
+
+
+def _IsSettingDefine(node: ast.AST) -> bool:
+    """`settings.Define(p, 'name')`: a pipeline setting, declared in
+    lingpipe.pipeline.settings (its default and doc are read from there)."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "Define"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "settings"
+        and len(node.args) == 2
+        and isinstance(node.args[1], ast.Constant)
+    )
 
 
 def _Dedent(lines: list[str]) -> str:

@@ -68,9 +68,12 @@ class PipeliningLayer(base_layer.BaseLayer):
     def Params(cls) -> hyperparams.InstantiableParams:
         p = super().Params()
         p.Define("cell_tpl", [], "Layer params of the cells, run in order.")
-        # The knobs every front end shares: lingpipe.pipeline.settings declares them.
-        for name in ("num_stages", "partition", "devices", "num_micro_batches"):
-            settings.Define(p, name)
+        # The knobs every front end shares: lingpipe.pipeline.settings declares them
+        # (one call each: the docs' params table reads these calls).
+        settings.Define(p, "num_stages")
+        settings.Define(p, "partition")
+        settings.Define(p, "devices")
+        settings.Define(p, "num_micro_batches")
         p.Define(
             "micro_batch_size",
             None,
@@ -86,8 +89,9 @@ class PipeliningLayer(base_layer.BaseLayer):
             "PartitionReport() before the first call.",
         )
         p.Define("profile_repeats", 3, "Timed runs per cell for partition='profile'.")
-        for name in ("schedule", "jit_compile_stages", "num_virtual_stages"):
-            settings.Define(p, name)
+        settings.Define(p, "schedule")
+        settings.Define(p, "jit_compile_stages")
+        settings.Define(p, "num_virtual_stages")
         return p
 
     def __init__(self, params: hyperparams.InstantiableParams) -> None:
