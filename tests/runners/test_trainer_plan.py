@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from lingpipe import trainer
+from lingpipe.runners import plan_flags
 
 KEY = "lm.TransformerLmTiny"
 PLAN = {
@@ -99,55 +100,70 @@ def test_a_plan_file_trains_as_its_flags_given_by_hand(capsys, caplog, tmp_path)
     assert not (tmp_path / "hand" / "plan_check.json").exists()
 
 
+def Inspect(capsys, *flags):
+    """--mode=inspect_params (nothing trained, nothing written): (status, params text)."""
+    capsys.readouterr()
+    trainer.FLAGS.unparse_flags()
+    trainer.FLAGS(["trainer", f"--model={KEY}", "--logical_devices=8", "--verbosity=0", *flags])
+    try:
+        status = trainer.main(["trainer"])
+    finally:
+        trainer.FLAGS.unparse_flags()
+    return status, capsys.readouterr().out
+
+
 def test_a_flag_on_the_command_line_wins_and_the_log_says_so(capsys, caplog, tmp_path):
     caplog.set_level(logging.INFO, logger="absl")
     plan = WritePlan(tmp_path / "plan.json")
-    logdir = tmp_path / "run"
-    status, lines = Main(
+    status, params = Inspect(
         capsys,
-        f"--logdir={logdir}",
+        "--mode=inspect_params",
         f"--plan={plan}",
-        "--max_steps=1",
-        "--mode=train",
         "--num_micro_batches=4",
         "--schedule=1f1b",  # the plan's own value: nothing to say
     )
-    assert status == 0, lines
-    params = (logdir / "params.txt").read_text()
+    assert status == 0
     assert "num_micro_batches : 4" in params and "partition : [3, 1]" in params
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("plan: --")]
     assert said == [
         f"plan: --num_micro_batches=4 from the command line wins over --plan={plan}'s 2"
     ]
-    check = json.loads((logdir / "plan_check.json").read_text())
-    assert check["measured"] is None  # one step: it traces, nothing is measured
 
 
-def test_plan_auto_chooses_within_what_the_command_line_fixes(capsys, caplog, tmp_path):
+def test_plan_auto_chooses_within_what_the_command_line_fixes(capsys, caplog):
     caplog.set_level(logging.INFO, logger="absl")
-    logdir = tmp_path / "run"
-    status, lines = Main(
+    status, params = Inspect(
         capsys,
-        f"--logdir={logdir}",
+        "--mode=inspect_params",
         "--plan=auto",
         "--memory_per_device=64MiB",
-        "--max_steps=2",
-        "--mode=train",
         "--strategy=default",
         "--num_stages=2",
         "--num_micro_batches=2",
         "--remat=never",
     )
-    assert status == 0, lines
-    check = json.loads((logdir / "plan_check.json").read_text())
-    assert len(check["predicted"]["peak_bytes"]) == 2
-    assert all(b <= 64 * 2**20 for b in check["predicted"]["peak_bytes"])
-    params = (logdir / "params.txt").read_text()
+    assert status == 0
     assert "num_stages : 2" in params and "remat : 'never'" in params
     assert re.search(r"partition : \[\d, \d\]", params)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("plan: ")]
     assert "plan: planning for 2 device(s) (--num_stages, one replica: --strategy=default)" in said
     assert any(s.startswith("plan: chose R=1 x K=2, M=2, ") for s in said), said
+
+
+def test_plan_check_of_a_run_with_no_step_after_the_first(tmp_path):
+    check = plan_flags.PlanCheck(str(tmp_path), PREDICTED, devices=None)
+    check.Before(1)
+    check.After(1, last=True)  # the first step traces: nothing measured
+    written = json.loads((tmp_path / "plan_check.json").read_text())
+    assert written == {"predicted": PREDICTED, "measured": None}
+    assert check.Line(None) == (
+        "plan: predicted 50 ms and 3.0 MiB per device; not measured (the run had no step "
+        "after its first, which traces)"
+    )
+    measured = {"step_seconds": 0.0535}
+    assert check.Line(measured) == (
+        "plan: predicted 50 ms and 3.0 MiB per device; measured 54 ms (+7%)"
+    )
 
 
 def _AssertRefused(status, lines, message):
