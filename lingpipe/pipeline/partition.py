@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 # Relative slack when comparing sums of float costs.
 _EPS = 1e-9
@@ -80,6 +81,14 @@ def CheckCounts(counts: Sequence[int], num_cells: int, num_stages: int) -> list[
             f"{num_cells}"
         )
     return counts
+
+
+def Counts(partition: Any, costs: Sequence[float], num_stages: int) -> list[int]:
+    """Units per stage, as both front ends cut: a policy's name (a str) balances `costs`
+    (MinMaxPartition); a list of counts is checked (CheckCounts) and kept."""
+    if isinstance(partition, str):
+        return MinMaxPartition(costs, num_stages)
+    return CheckCounts(partition, len(costs), num_stages)
 
 
 def Boundaries(counts: Sequence[int]) -> list[tuple[int, int]]:
