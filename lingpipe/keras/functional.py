@@ -66,6 +66,7 @@ import keras
 
 from lingpipe.keras import graph as graph_lib
 from lingpipe.keras import graph_pipeline, model_base
+from lingpipe.keras import plan as plan_lib
 
 
 def _InputSpec(model: Any) -> Any:
@@ -99,8 +100,15 @@ class Pipeline(model_base.PipelineModel):
       devices: one device name per device; None takes the cluster's first num_stages.
       num_virtual_stages: stages per device for 'interleaved_1f1b', 'looped_bfs' and
         'interleaved_zero_bubble' (stage s on device s mod K).
+      plan: a lingpipe.keras.Plan(...) result, whose knobs this model takes, or 'auto'
+        to plan here (with memory_per_device and batch_size; lingpipe.keras.plan). A
+        knob given explicitly beside it wins, with a one-line warning; get_config saves
+        the knobs used, not the plan.
+      memory_per_device: for plan='auto': the cap per device ('16GiB', or bytes).
+      batch_size: for plan='auto': the global batch of a training step.
     """
 
+    @plan_lib.RecordsGivenArguments
     def __init__(
         self,
         model: Any,
@@ -112,11 +120,12 @@ class Pipeline(model_base.PipelineModel):
         remat: str | Sequence[str] = "always",
         devices: Sequence[str] | None = None,
         num_virtual_stages: int = 1,
+        plan: Any = None,
+        memory_per_device: int | str | None = None,
+        batch_size: int | None = None,
         **kwargs: Any,
     ) -> None:
-        model_base.EnsureDevices(num_stages, devices, "lingpipe.keras.Pipeline")
-        super().__init__(**kwargs)
-        self._knobs = dict(
+        knobs = dict(
             num_stages=num_stages,
             num_micro_batches=num_micro_batches,
             split_points=None if split_points is None else list(split_points),
@@ -126,6 +135,20 @@ class Pipeline(model_base.PipelineModel):
             devices=None if devices is None else list(devices),
             num_virtual_stages=num_virtual_stages,
         )
+        if plan is not None or memory_per_device is not None or batch_size is not None:
+            # The resolved knobs, not the plan, are what get_config saves.
+            knobs = plan_lib.ResolveArgs(
+                model,
+                plan,
+                knobs,
+                self._given_arguments,
+                memory_per_device,
+                batch_size,
+                "lingpipe.keras.Pipeline",
+            )
+        model_base.EnsureDevices(knobs["num_stages"], knobs["devices"], "lingpipe.keras.Pipeline")
+        super().__init__(**kwargs)
+        self._knobs = knobs
         object.__setattr__(self, "_model", model)  # tracked through _MakePipeline's layers
         self.BuildFor(_InputSpec(model))
 
