@@ -31,7 +31,6 @@ import dataclasses
 import difflib
 import functools
 import inspect
-import re
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -153,15 +152,11 @@ class KerasPlan:
         (print_fn or print)(str(self))
 
 
-def _Snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
-
 def _CheckNames(restrictions: dict, where: str) -> None:
     for name in restrictions:
         if name in RESTRICTIONS:
             continue
-        close = difflib.get_close_matches(_Snake(name), RESTRICTIONS + ("memory_per_device",), 1)
+        close = difflib.get_close_matches(name, RESTRICTIONS + ("memory_per_device",), 1)
         hint = f"; did you mean {close[0]}?" if close else ""
         raise ValueError(
             f"{where}: unknown argument {name}; expected devices, memory_per_device, "

@@ -41,10 +41,10 @@ def _Plan(model, cap="1GiB", rates=FAST_LINKS, **restrictions):
     )
 
 
-def _Size(text):
-    """'6.9 KiB' -> bytes (the upper end of its rounding)."""
+def _Size(text, rounding=0.05):
+    """'6.9 KiB' -> bytes (the upper end of its rounding; the lower with rounding=-0.05)."""
     number, unit = text.split()
-    return int((float(number.replace(",", "")) + 0.05) * {"KiB": 2**10, "MiB": 2**20}[unit])
+    return int((float(number.replace(",", "")) + rounding) * {"KiB": 2**10, "MiB": 2**20}[unit])
 
 
 def test_pipeline_with_a_plan_trains_as_the_same_knobs_given_by_hand():
@@ -109,9 +109,12 @@ def test_nothing_fits_names_the_smallest_need_and_its_candidate():
         text,
     )
     assert found, text
-    # That need is the least: a cap of it fits, and the plan found needs no more.
+    # That need is the least: a cap of it fits, and the plan found needs no more; a cap
+    # below it fits nothing.
     plan = _Plan(model, cap=_Size(found.group(1)))
     assert max(plan.peak_bytes) <= _Size(found.group(1))
+    with pytest.raises(ValueError, match="no plan of 'small_mlp'"):
+        _Plan(model, cap=_Size(found.group(1), -0.05) - 1)
 
 
 def test_the_memory_of_a_keras_graph_follows_the_schedule():
@@ -149,10 +152,12 @@ def test_an_explicit_knob_beside_a_plan_wins_and_warns():
 
 def test_auto_plans_and_a_saved_model_keeps_the_knobs_not_the_plan(tmp_path):
     model = _Mlp()
+    # 24 KiB: the 4 layers' weights, gradients and Adam's slots (30 KiB) need 2 devices.
     pipe = lpk.Pipeline(
-        model, plan="auto", memory_per_device="1GiB", batch_size=16, devices=DEVICES
+        model, plan="auto", memory_per_device="24KiB", batch_size=16, devices=DEVICES
     )
     config = pipe.get_config()
+    assert config["num_stages"] == 2 and len(pipe.pipeline.cut.stages) >= 2
     assert not {"plan", "memory_per_device", "batch_size"} & set(config)
     knobs = {k: config[k] for k in ("num_stages", "num_micro_batches", "schedule", "remat")}
     pipe.save(str(tmp_path / "pipe.keras"))
