@@ -261,3 +261,22 @@ def test_an_embedding_is_costed_as_a_lookup_and_unknown_dims_print_as_none():
         devices=DEVICES[:2],
     )
     assert "embed [batch, None, 16] float32" in str(pipe.pipeline.PartitionReport())
+
+
+def test_profiling_times_forward_and_backward_and_changes_no_state():
+    """ProfileNodes runs each layer call in training mode (the backward needs it) under a
+    keras.StatelessScope: batch norm's moving statistics and dropout's seed stay as
+    they were."""
+    from lingpipe.keras import graph as graph_lib
+
+    x = keras.Input((8,))
+    h = keras.layers.Dense(16, name="dense")(x)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    model = keras.Model(x, keras.layers.Dropout(0.5, seed=1, name="drop")(h))
+    state = [v for layer in model.layers for v in layer.variables if not v.trainable]
+    assert len(state) == 3  # moving mean, moving variance, the dropout's seed state
+    before = [v.numpy().copy() for v in state]
+    times = graph_lib.ProfileNodes(graph_lib.Trace(model, "test"), repeats=1)
+    assert [t.forward > 0 and t.backward >= 0 for t in times] == [True] * 3
+    for v, b in zip(state, before):
+        np.testing.assert_array_equal(v.numpy(), b, err_msg=v.path)
