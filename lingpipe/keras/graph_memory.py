@@ -169,9 +169,15 @@ def SlotsPerWeight(optimizer: Any, where: str = "lingpipe.keras.Plan") -> float:
             f"{where}: expected optimizer to be a Keras optimizer or a number of slots per "
             f"weight, received {type(optimizer).__name__} {optimizer!r:.60}"
         )
-    probe = type(optimizer).from_config(optimizer.get_config())
-    before = {id(v) for v in probe.variables}
-    probe.build([keras.Variable(np.zeros((8, 8), "float32"), name="probe")])
+    try:
+        probe = type(optimizer).from_config(optimizer.get_config())
+        before = {id(v) for v in probe.variables}
+        probe.build([keras.Variable(np.zeros((8, 8), "float32"), name="probe")])
+    except Exception as e:  # noqa: BLE001 (whatever an optimizer's own build raises)
+        raise ValueError(
+            f"{where}: cannot count the slots of optimizer {type(optimizer).__name__} "
+            f"({type(e).__name__}); pass optimizer= a number of slots per weight (Adam: 2)"
+        ) from None
     added = [v for v in probe.variables if id(v) not in before]
     return sum(math.prod(v.shape) for v in added) / 64.0
 

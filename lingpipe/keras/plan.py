@@ -164,10 +164,14 @@ def _CheckNames(restrictions: dict, where: str) -> None:
         )
 
 
-def _Values(value: Any, name: str, where: str, check: Any) -> tuple:
-    values = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+def _Values(value: Any, name: str, where: str, check: Any, expected: str) -> tuple:
+    """A restriction as a tuple of the values to try (one value, or a list of them)."""
+    values = tuple(value) if isinstance(value, (list, tuple, range)) else (value,)
     if not values or not all(check(v) for v in values):
-        raise ValueError(f"{where}: invalid restriction {name}={value!r}")
+        raise ValueError(
+            f"{where}: expected {name} to be {expected} or a list of them, received "
+            f"{name}={value!r}"
+        )
     return values
 
 
@@ -180,19 +184,24 @@ def _Schedules(names: Any, where: str) -> tuple:
     if names is None:
         return planner.SCHEDULES
     known = tuple(s for s in generators.SCHEDULES if s != "forward_only")
-    picked = _Values(names, "schedules", where, lambda s: s in known)
+    picked = _Values(names, "schedules", where, lambda s: s in known, f"one of {known}")
     return tuple((s, 2 if s in generators.VIRTUAL else 1) for s in picked)
 
 
 def _Candidates(n: int, num_nodes: int, batch: int, r: dict, where: str) -> list:
     """Every candidate of one replica on K <= n devices that the restrictions allow."""
-    stages = _Values(r.get("num_stages", tuple(range(1, n + 1))), "num_stages", where, _PositiveInt)
-    micro = _Values(
-        r.get("num_micro_batches", planner.MICRO_BATCHES), "num_micro_batches", where, _PositiveInt
+    count = "a positive integer"
+    stages = _Values(r.get("num_stages", range(1, n + 1)), "num_stages", where, _PositiveInt, count)
+    micro = r.get("num_micro_batches", planner.MICRO_BATCHES)
+    micro = _Values(micro, "num_micro_batches", where, _PositiveInt, count)
+    remats = r.get("remat", planner.REMAT)
+    remats = _Values(
+        remats, "remat", where, lambda x: x in planner.REMAT, f"one of {planner.REMAT}"
     )
-    remats = _Values(r.get("remat", planner.REMAT), "remat", where, lambda x: x in planner.REMAT)
     if max(stages) > n:
-        raise ValueError(f"{where}: num_stages={max(stages)} is more than devices={n}")
+        raise ValueError(
+            f"{where}: expected num_stages <= devices={n}, received num_stages={max(stages)}"
+        )
     schedules = _Schedules(r.get("schedules"), where)
     out = []
     for k in sorted(set(stages)):

@@ -187,6 +187,12 @@ def test_bad_sizes_and_names_are_one_line():
         lpk.Plan(model, devices=2, memoryPerDevice="1GiB", batch_size=16)
     assert str(e.value).startswith("lingpipe.keras.Plan: unknown argument memoryPerDevice;")
     assert str(e.value).endswith("did you mean memory_per_device?")
+    with pytest.raises(ValueError) as e:
+        _Plan(model, remat="sometimes")
+    assert str(e.value) == (
+        "lingpipe.keras.Plan: expected remat to be one of ('never', 'except_last', 'always') "
+        "or a list of them, received remat='sometimes'"
+    )
     with pytest.raises(ValueError, match=r"expected devices to be a number of devices >= 1"):
         lpk.Plan(model, devices=0, memory_per_device="1GiB", batch_size=16)
     with pytest.raises(ValueError, match=r"the plan was made for model 'mlp' of 4 layer call"):
