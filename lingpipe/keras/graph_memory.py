@@ -78,12 +78,34 @@ def _VariableBytes(variables: Sequence[Any]) -> int:
     return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables)
 
 
-def _Saved(graph: graph_lib.Graph, node: graph_lib.GraphNode) -> tuple[set, set, int]:
-    """(argument keys, output keys, other bytes) that the node's gradient ops read."""
-    specs = [
+def _Specs(graph: graph_lib.Graph, node: graph_lib.GraphNode) -> list[tf.TensorSpec]:
+    """The node's arguments for one example (unknown dims 1)."""
+    return [
         tf.TensorSpec([1, *[1 if d is None else d for d in graph.shapes[k][1:]]], graph.dtypes[k])
         for k in node.arg_keys
     ]
+
+
+def _CallKey(node: graph_lib.GraphNode, specs: list) -> Any:
+    """What decides what a node's backward reads: its operation's class and config, how
+    it is called (its arguments, tensors as their specs). Equal keys trace alike; None
+    when the config cannot be read (traced on its own)."""
+    try:
+        config = node.operation.get_config()
+        config.pop("name", None)
+        tensors = iter(specs)
+        call = keras.tree.map_structure(
+            lambda x: next(tensors) if isinstance(x, keras.KerasTensor) else x,
+            (node.node.arguments.args, node.node.arguments.kwargs),
+        )
+        return (type(node.operation), repr(config), repr(call))
+    except Exception:  # noqa: BLE001 (an operation without a config: no sharing)
+        return None
+
+
+def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[set, set, int]:
+    """(argument positions, output positions, other bytes) that the node's gradient ops
+    read, traced for `specs` without running."""
     call, variables = graph_lib.NodeCall(node), graph_lib.TrainableVariables(node)
     found: dict = {}
 
@@ -104,17 +126,18 @@ def _Saved(graph: graph_lib.Graph, node: graph_lib.GraphNode) -> tuple[set, set,
         found.update(forward=forward, reads=reads, args=args, outputs=outputs)
         return 0
 
-    tf.function(Fn).get_concrete_function(*specs)  # traced, never run
-    arg_refs = {x.ref(): k for x, k in zip(found["args"], node.arg_keys)}
-    out_refs = {_Source(y).ref(): k for y, k in zip(found["outputs"], node.out_keys)}
+    # Traced, never run; Keras layers need no autograph (and it costs most of a trace).
+    tf.function(Fn, autograph=False).get_concrete_function(*specs)
+    arg_at = {x.ref(): i for i, x in enumerate(found["args"])}
+    out_at = {_Source(y).ref(): i for i, y in enumerate(found["outputs"])}
     args, outs, other = set(), set(), {}
     for t in found["reads"]:
         if t.op not in found["forward"] or t.op.type in _NOT_ACTIVATIONS:
             continue
-        if t.ref() in arg_refs:
-            args.add(arg_refs[t.ref()])
-        elif t.ref() in out_refs:
-            outs.add(out_refs[t.ref()])
+        if t.ref() in arg_at:
+            args.add(arg_at[t.ref()])
+        elif t.ref() in out_at:
+            outs.add(out_at[t.ref()])
         else:
             other[t.ref()] = _Bytes(t)
     return args, outs, sum(other.values())
@@ -136,20 +159,26 @@ def WeightBytes(graph: graph_lib.Graph, trainable: bool = False) -> list[int]:
 def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> list[NodeMemory]:
     """Each node's NodeMemory (module doc); a node that cannot be traced is one line."""
     weights, trainable = WeightBytes(graph), WeightBytes(graph, trainable=True)
+    traced: dict = {}  # _CallKey -> _Saved: a model's repeated blocks are traced once
     out = []
     for i, node in enumerate(graph.nodes):
+        specs = _Specs(graph, node)
+        key = _CallKey(node, specs)
         try:
-            args, outs, internal = _Saved(graph, node)
+            saved = traced[key] if key in traced else _Saved(node, specs)
         except Exception as e:  # noqa: BLE001 (any failure of a user's layer, named)
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise ValueError(
                 f"{where}: cannot trace layer call {node.name!r} to estimate its memory: "
                 f"{type(e).__name__}: {first}"
             ) from None
+        if key is not None:
+            traced[key] = saved
+        args, outs, internal = saved
         out.append(
             NodeMemory(
-                saved_args=tuple(k for k in node.arg_keys if k in args),
-                saved_outputs=tuple(k for k in node.out_keys if k in outs),
+                saved_args=tuple(k for j, k in enumerate(node.arg_keys) if j in args),
+                saved_outputs=tuple(k for j, k in enumerate(node.out_keys) if j in outs),
                 internal_bytes=internal,
                 weight_bytes=weights[i],
                 trainable_bytes=trainable[i],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -41,7 +42,21 @@ def MinMaxPartition(costs: Sequence[float], num_stages: int) -> list[int]:
     stages whose most expensive stage (it sets the pipeline's clock) is as cheap as any
     such cut allows (exact); among those, the most even one: the least sum of squared
     stage costs (a second dynamic program under the bound); ties put the extra cells on
-    earlier stages, as micro-batch sizes do."""
+    earlier stages, as micro-batch sizes do.
+
+    Remembered per (costs, num_stages): the planner asks again for every candidate of
+    the same stage count, and the programs are O(cells^2 x stages)."""
+    if isinstance(num_stages, int) and all(isinstance(c, (int, float)) for c in costs):
+        return list(_CachedMinMaxPartition(tuple(map(float, costs)), num_stages))
+    return _MinMaxPartition(costs, num_stages)
+
+
+@functools.lru_cache(maxsize=256)
+def _CachedMinMaxPartition(costs: tuple[float, ...], num_stages: int) -> tuple[int, ...]:
+    return tuple(_MinMaxPartition(costs, num_stages))
+
+
+def _MinMaxPartition(costs: Sequence[float], num_stages: int) -> list[int]:
     bound = MinMaxCost(costs, num_stages)
     slack = bound * (1 + _EPS) + _EPS
     prefix = _Prefix(costs)

@@ -216,3 +216,21 @@ def test_keras_models_have_snake_case_reports_and_keep_the_camel_case_ones():
         assert str(report) == str(model.PartitionReport())
         assert [s.device for s in report.stages] == DEVICES
     assert "layer calls" in str(graph_model.partition_report(batch_size=4)).splitlines()[0]
+
+
+def test_layer_calls_alike_are_traced_once_and_unlike_ones_apart():
+    """Two Dense(16, tanh) calls on equal inputs share a trace (tanh's gradient reads its
+    output); a Dense(16) without activation reads none of its outputs."""
+    x = keras.Input((16,))
+    h = keras.layers.Dense(16, activation="tanh")(x)
+    h = keras.layers.Dense(16, activation="tanh")(h)
+    model = keras.Model(x, keras.layers.Dense(16)(h))
+    graph = graph_lib.Trace(model)
+    nodes = graph_memory.TraceNodes(graph)
+    assert [n.saved_outputs == tuple(g.out_keys) for n, g in zip(nodes, graph.nodes)] == [
+        True,
+        True,
+        False,
+    ]
+    # Each reads its own input (the kernel's gradient), by its own key.
+    assert [n.saved_args for n in nodes] == [tuple(g.arg_keys) for g in graph.nodes]

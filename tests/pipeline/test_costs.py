@@ -58,3 +58,9 @@ def test_counts_cut_by_policy_or_check_explicit_counts():
     assert partition.Counts([1, 2], [1.0, 1.0, 4.0], 2) == [1, 2]
     with pytest.raises(ValueError, match=r"explicit partition \[1, 1\] adds up to 2 cells"):
         partition.Counts([1, 1], [1.0, 1.0, 4.0], 2)
+
+
+def test_a_remembered_partition_is_a_fresh_list_each_time():
+    first = partition.MinMaxPartition([1.0, 2.0, 3.0, 4.0], 2)
+    first.append(99)
+    assert partition.MinMaxPartition([1.0, 2.0, 3.0, 4.0], 2) == [3, 1]
