@@ -3,7 +3,7 @@
     lingpipe.cluster.SetLogicalCpuDevices(4)          # on CPU only, before any TF work
     base = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)
     model = lingpipe.keras.Pipeline(base, num_stages=4, num_micro_batches=8)
-    print(model.pipeline.PartitionReport())            # layers, params, FLOPs, crossing tensors
+    print(model.partition_report())                    # layers, params, FLOPs, crossing tensors
     model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=False))
     model.fit(x, y, batch_size=64, epochs=1)
@@ -11,7 +11,7 @@
 The model's graph is traced into its layer calls in a topological order (nested
 Functional models inlined, so a cut can fall inside a backbone) and cut into
 stages by cost (`partition='flops'`, `'params'`, `'uniform'`, `'profile'`: each
-layer call's forward timed on one example, or node counts per stage) or at layer
+layer call's forward and backward timed on one example, or node counts per stage) or at layer
 names (`split_points=['conv4_block1_1_conv', ...]`, where stages 1.. begin).
 Every tensor alive across a cut (a skip connection, a mask, a second input, an
 output needed at the end) travels to the next stage with the activations. The
@@ -90,8 +90,8 @@ class Pipeline(model_base.PipelineModel):
       split_points: names of the layers where stages 1.. begin, one fewer than the
         schedule's stages ('outer/inner' for a nested model's layer); None cuts by
         `partition`.
-      partition: 'flops', 'params', 'uniform', 'profile' (measured forward time per layer
-        call, one example), or a list of layer calls per stage.
+      partition: 'flops', 'params', 'uniform', 'profile' (measured forward and backward
+        time per layer call, one example), or a list of layer calls per stage.
       schedule: fit's order of work ('gpipe', '1f1b', 'zero_bubble', 'zbv', ...), a
         Schedule value or the path of a CSV file (torch's format).
       remat: 'always', 'except_last' or 'never', or a list of them with one per stage of
