@@ -355,6 +355,11 @@ def ResolveArgs(
             restrict["schedules"] = knobs["schedule"]
         devices = knobs["devices"] or len(cluster.AvailableDevices())
         plan = Plan(model, devices, memory_per_device, batch_size, **restrict)
+    elif plan is None:
+        raise ValueError(
+            f"{where}: memory_per_device and batch_size are for plan='auto', received "
+            f"plan=None, memory_per_device={memory_per_device!r}, batch_size={batch_size!r}"
+        )
     elif not isinstance(plan, KerasPlan):
         raise ValueError(
             f"{where}: expected plan to be a lingpipe.keras.Plan(...) result or 'auto', "

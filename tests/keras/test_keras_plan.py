@@ -177,6 +177,15 @@ def test_auto_without_memory_per_device_is_one_line():
     )
 
 
+def test_a_cap_without_plan_auto_is_one_line():
+    with pytest.raises(ValueError) as e:
+        lpk.Pipeline(_Mlp(), memory_per_device="1GiB")
+    assert str(e.value) == (
+        "lingpipe.keras.Pipeline: memory_per_device and batch_size are for plan='auto', "
+        "received plan=None, memory_per_device='1GiB', batch_size=None"
+    )
+
+
 def test_bad_sizes_and_names_are_one_line():
     model = _Mlp()
     for size in ("16XB", "-1GiB", True, 1.5):
