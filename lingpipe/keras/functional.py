@@ -3,7 +3,7 @@
     lingpipe.cluster.SetLogicalCpuDevices(4)          # on CPU only, before any TF work
     base = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)
     model = lingpipe.keras.Pipeline(base, num_stages=4, num_micro_batches=8)
-    print(model.pipeline.PartitionReport())            # layers, params, FLOPs, crossing tensors
+    print(model.partition_report())                    # layers, params, FLOPs, crossing tensors
     model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=False))
     model.fit(x, y, batch_size=64, epochs=1)
@@ -11,7 +11,7 @@
 The model's graph is traced into its layer calls in a topological order (nested
 Functional models inlined, so a cut can fall inside a backbone) and cut into
 stages by cost (`partition='flops'`, `'params'`, `'uniform'`, `'profile'`: each
-layer call's forward timed on one example, or node counts per stage) or at layer
+layer call's forward and backward timed on one example, or node counts per stage) or at layer
 names (`split_points=['conv4_block1_1_conv', ...]`, where stages 1.. begin).
 Every tensor alive across a cut (a skip connection, a mask, a second input, an
 output needed at the end) travels to the next stage with the activations. The
@@ -67,6 +67,7 @@ import keras
 from lingpipe.keras import graph as graph_lib
 from lingpipe.keras import graph_pipeline, model_base
 from lingpipe.pipeline import settings
+from lingpipe.keras import plan as plan_lib
 
 
 def _InputSpec(model: Any) -> Any:
@@ -95,11 +96,18 @@ class Pipeline(model_base.PipelineModel):
         stages' devices and are this model's weights.
       split_points: names of the layers where stages 1.. begin, one fewer than the
         schedule's stages ('outer/inner' for a nested model's layer); None cuts by
-        `partition` (counts are of layer calls; 'profile' times each call's forward on
-        one example). Up to lingpipe 0.1.0 partition defaulted to 'flops' here;
+        `partition` (counts are of layer calls; 'profile' times each call's forward and
+        backward on one example). Up to lingpipe 0.1.0 partition defaulted to 'flops' here;
         pass partition='flops' to cut by FLOPs.
+      plan: a lingpipe.keras.Plan(...) result, whose knobs this model takes, or 'auto'
+        to plan here (with memory_per_device and batch_size; lingpipe.keras.plan). A
+        knob given explicitly beside it wins, with a one-line warning; get_config saves
+        the knobs used, not the plan.
+      memory_per_device: for plan='auto': the cap per device ('16GiB', or bytes).
+      batch_size: for plan='auto': the global batch of a training step.
     """
 
+    @plan_lib.RecordsGivenArguments
     def __init__(
         self,
         model: Any,
@@ -111,11 +119,12 @@ class Pipeline(model_base.PipelineModel):
         remat: str | Sequence[str] = settings.DEFAULTS.remat,
         devices: Sequence[str] | None = settings.DEFAULTS.devices,
         num_virtual_stages: int = settings.DEFAULTS.num_virtual_stages,
+        plan: Any = None,
+        memory_per_device: int | str | None = None,
+        batch_size: int | None = None,
         **kwargs: Any,
     ) -> None:
-        model_base.EnsureDevices(num_stages, devices, "lingpipe.keras.Pipeline")
-        super().__init__(**kwargs)
-        self._knobs = dict(
+        knobs = dict(
             num_stages=num_stages,
             num_micro_batches=num_micro_batches,
             split_points=None if split_points is None else list(split_points),
@@ -125,6 +134,20 @@ class Pipeline(model_base.PipelineModel):
             devices=None if devices is None else list(devices),
             num_virtual_stages=num_virtual_stages,
         )
+        if plan is not None or memory_per_device is not None or batch_size is not None:
+            # The resolved knobs, not the plan, are what get_config saves.
+            knobs = plan_lib.ResolveArgs(
+                model,
+                plan,
+                knobs,
+                self._given_arguments,
+                memory_per_device,
+                batch_size,
+                "lingpipe.keras.Pipeline",
+            )
+        model_base.EnsureDevices(knobs["num_stages"], knobs["devices"], "lingpipe.keras.Pipeline")
+        super().__init__(**kwargs)
+        self._knobs = knobs
         object.__setattr__(self, "_model", model)  # tracked through _MakePipeline's layers
         self.BuildFor(_InputSpec(model))
 

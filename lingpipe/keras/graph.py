@@ -1,8 +1,8 @@
 """A built Keras 3 model's graph as a flat list of nodes, cut into pipeline stages.
 
     graph = Trace(model)                      # Functional, or keras.Sequential
-    cut = Cut(graph, num_stages=4, partition='flops')   # or split_points=['conv3_block1_1_conv']
-    print(cut.Report(devices))                # per stage: layers, params, FLOPs, crossing tensors
+    cut = MakeCut(graph, num_stages=4, partition='flops')  # or split_points=['conv3_block1_1_conv']
+    print(graph_report.Report(cut, devices, num_micro_batches=8))  # lingpipe.keras.graph_report
 
 `Trace` walks the model's nodes (Keras' `_nodes_by_depth`, deepest first: a
 topological order) and inlines nested Functional models (and keras.Sequential
@@ -11,17 +11,20 @@ backbone. A layer called at several places (shared) gives several nodes of the
 one layer. Every tensor of the graph gets a key; a nested model's inputs and
 outputs are aliases of the outer tensors it was called on and produced.
 
-`Cut` splits the node list into contiguous stages by cost (lingpipe.pipeline.
+`MakeCut` splits the node list into contiguous stages by cost (lingpipe.pipeline.
 partition's min-max cut) or at layer names, and computes, for each boundary, the
 tensors alive across it: produced before it (or a model input) and used after it
 (or a model output). They travel to the next stage with the activations.
+
+This module reads the graph and cuts it; what a node costs under a partition policy,
+the profiler and the report are the engine's (lingpipe.pipeline.costs, partition,
+report), shared with PipeliningLayer: a node here is what a cell is there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -29,9 +32,10 @@ import numpy as np
 import tensorflow as tf
 from keras.src.models import functional as keras_functional
 
+from lingpipe.pipeline import costs
 from lingpipe.pipeline import partition as partition_lib
 
-POLICIES = ("flops", "params", "uniform", "profile")
+POLICIES = costs.POLICIES
 
 
 @dataclasses.dataclass
@@ -216,45 +220,69 @@ def CallNode(node: GraphNode, values: dict, training: bool) -> None:
         values[key] = y
 
 
-def _SampleInput(shape: tuple, dtype: str) -> tf.Tensor:
-    dims = [1 if d is None else int(d) for d in shape]
+def SampleInput(shape: tuple, dtype: str, batch: int = 1) -> tf.Tensor:
+    """A tensor of `shape` (batch dim and unknown dims: `batch` and 1): stateless normal
+    floats, zeros otherwise (token ids)."""
+    dims = [batch] + [1 if d is None else int(d) for d in shape[1:]]
     if tf.as_dtype(dtype).is_floating:
         return tf.random.stateless_normal(dims, [0, 1], dtype=dtype)
     return tf.zeros(dims, dtype)
 
 
-def ProfileCosts(graph: Graph, repeats: int = 3) -> list[float]:
-    """Seconds of each node's forward (inference mode, so no state changes) on one
-    example, run eagerly where the model's weights are now; the best of `repeats`."""
-    values = {k: _SampleInput(graph.shapes[k], graph.dtypes[k]) for k in graph.input_keys}
-    seconds = []
+def NodeCall(node: GraphNode, training: bool = True) -> Callable[..., tuple]:
+    """fn(*values of node.arg_keys) -> the node's outputs (in out_keys' order), run under
+    a keras.StatelessScope: whatever the call assigns (batch norm's statistics, a
+    dropout's seed state) is dropped, so timing or tracing a node changes nothing."""
+
+    def Call(*args: Any) -> tuple:
+        values = dict(zip(node.arg_keys, args))
+        with keras.StatelessScope(initialize_variables=False, collect_losses=False):
+            CallNode(node, values, training)
+        return tuple(values[k] for k in node.out_keys)
+
+    return Call
+
+
+def TrainableVariables(node: GraphNode) -> list:
+    """The tf.Variables of the node's layer's trainable weights (none for keras.ops)."""
+    return [w.value for w in node.operation.trainable_weights] if node.is_layer else []
+
+
+def ProfileNodes(graph: Graph, repeats: int = 3) -> list[costs.UnitTimes]:
+    """Each node's forward and backward seconds on one example (costs.TimeUnit, in
+    training mode, state changes dropped: NodeCall), run where the model's weights are
+    now; each node is fed its arguments' values from the nodes before it."""
+    values = {k: SampleInput(graph.shapes[k], graph.dtypes[k]) for k in graph.input_keys}
+    times = []
     for node in graph.nodes:
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            CallNode(node, values, training=False)
-            for k in node.out_keys:  # wait for the results (asynchronous on accelerators)
-                np.asarray(values[k])
-            best = min(best, time.perf_counter() - start)
-        seconds.append(best)
-    return seconds
+        args = tuple(values[k] for k in node.arg_keys)
+        t, outputs = costs.TimeUnit(NodeCall(node), args, TrainableVariables(node), repeats)
+        times.append(t)
+        values.update(zip(node.out_keys, outputs))
+    return times
+
+
+def FirstUseParams(graph: Graph) -> list[int]:
+    """Per node, its layer's weights where the layer is first called, 0 at its later
+    calls (a shared layer's weights live once)."""
+    seen: set = set()
+    out = []
+    for n in graph.nodes:
+        out.append(NodeParams(n) if id(n.operation) not in seen else 0)
+        seen.add(id(n.operation))
+    return out
 
 
 def NodeCosts(graph: Graph, policy: str) -> list[float]:
-    if policy == "profile":
-        return ProfileCosts(graph)
-    if policy == "flops":
-        return [float(NodeFlops(n)) for n in graph.nodes]
-    if policy == "params":
-        # A layer's weights count where it is first used; a tiny cost keeps ties ordered.
-        seen: set = set()
-        out = []
-        for n in graph.nodes:
-            first = id(n.operation) not in seen
-            seen.add(id(n.operation))
-            out.append(float(NodeParams(n)) if first else 0.0)
-        return out
-    return [1.0] * len(graph.nodes)
+    """Each node's cost under a partition policy (costs.PolicyCosts): FLOPs per example,
+    weights where first used, or measured forward + backward seconds (ProfileNodes)."""
+    return costs.PolicyCosts(
+        policy,
+        len(graph.nodes),
+        flops=lambda: [NodeFlops(n) for n in graph.nodes],
+        params=lambda: FirstUseParams(graph),
+        profile=lambda: ProfileNodes(graph),
+    )
 
 
 # ---- Cutting ---------------------------------------------------------------------
@@ -292,9 +320,6 @@ class Cut:
             for i in idx:
                 out.setdefault(id(self.graph.nodes[i].operation), s)
         return out
-
-    def Report(self, devices: Sequence[str], batch_size: int | None = None) -> GraphReport:
-        return MakeReport(self, devices, batch_size)
 
 
 def _SplitCounts(
@@ -351,32 +376,30 @@ def MakeCut(
             f"layer call(s); expected {bound}"
         )
     if split_points is not None:
-        policy, costs = "split_points", NodeCosts(graph, "flops")
+        policy, unit_costs = "split_points", NodeCosts(graph, "flops")
         counts = _SplitCounts(graph, list(split_points), num_stages, where, label)
-    elif isinstance(partition, str):
-        if partition not in POLICIES:
+    else:
+        if isinstance(partition, str) and partition not in POLICIES:
             raise ValueError(
                 f"{where}: unknown partition={partition!r}; expected one of {POLICIES}, a list "
                 "of node counts per stage, or split_points"
             )
-        policy, costs = partition, NodeCosts(graph, partition)
-        counts = partition_lib.MinMaxPartition(costs, num_stages)
-    else:
-        policy, costs = f"explicit {list(partition)}", NodeCosts(graph, "flops")
+        policy = partition if isinstance(partition, str) else f"explicit {list(partition)}"
+        unit_costs = NodeCosts(graph, partition if isinstance(partition, str) else "flops")
         try:
-            counts = partition_lib.CheckCounts(partition, n, num_stages)
+            counts = partition_lib.Counts(partition, unit_costs, num_stages)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
     stages, start = [], 0
     for c in counts:
         stages.append(list(range(start, start + c)))
         start += c
-    return Cut(graph, stages, LiveTensors(graph, stages), policy, costs)
+    return Cut(graph, stages, LiveTensors(graph, stages), policy, unit_costs)
 
 
-def LiveTensors(graph: Graph, stages: list[list[int]]) -> list[list]:
-    """live[s]: keys produced before stage s (or model inputs) and used by stage s or
-    later (or model outputs), in a fixed order; live[K]: the model's outputs."""
+def _Lifetimes(graph: Graph) -> tuple[dict, dict]:
+    """({key: index of the node producing it, -1 for a model input}, {key: index of its
+    last reader, len(nodes) for a model output})."""
     produced_at = {k: -1 for k in graph.input_keys}
     for n in graph.nodes:
         for k in n.out_keys:
@@ -385,9 +408,15 @@ def LiveTensors(graph: Graph, stages: list[list[int]]) -> list[list]:
     for n in graph.nodes:
         for k in n.arg_keys:
             last_use[k] = max(last_use.get(k, -1), n.index)
-    end = len(graph.nodes)
     for k in graph.output_keys:
-        last_use[k] = end
+        last_use[k] = len(graph.nodes)
+    return produced_at, last_use
+
+
+def LiveTensors(graph: Graph, stages: list[list[int]]) -> list[list]:
+    """live[s]: keys produced before stage s (or model inputs) and used by stage s or
+    later (or model outputs), in a fixed order; live[K]: the model's outputs."""
+    produced_at, last_use = _Lifetimes(graph)
     live = [list(graph.input_keys)]  # the first stage receives every model input
     for idx in stages[1:]:
         first = idx[0]
@@ -398,54 +427,25 @@ def LiveTensors(graph: Graph, stages: list[list[int]]) -> list[list]:
     return live
 
 
-# ---- Report ----------------------------------------------------------------------
+def TensorBytes(graph: Graph, key: Any) -> int:
+    """Bytes of one example of the tensor `key` (unknown dims count as 1)."""
+    dims = [1 if d is None else int(d) for d in graph.shapes[key][1:]]
+    return int(np.prod(dims, dtype=np.int64)) * tf.as_dtype(graph.dtypes[key]).size
 
 
-@dataclasses.dataclass
-class GraphStageReport:
-    stage: int
-    device: str
-    layers: list[str]
-    num_params: int
-    flops: int  # per example
-    crossing: list[tuple[str, tuple, str]]  # (tensor, shape, dtype) sent to the next stage
-    crossing_bytes: int  # per example
+def CutBytes(graph: Graph) -> list[int]:
+    """Per node i, the bytes per example of the tensors a cut after it sends on (those
+    alive across it, as LiveTensors finds them); after the last node, the outputs'."""
+    produced_at, last_use = _Lifetimes(graph)
+    out = []
+    for b in range(1, len(graph.nodes) + 1):
+        keys = [k for k, at in produced_at.items() if at < b and last_use.get(k, -1) >= b]
+        out.append(sum(TensorBytes(graph, k) for k in keys))
+    return out
 
 
-@dataclasses.dataclass
-class GraphReport:
-    """How a Keras graph was cut (see `str(report)`)."""
-
-    policy: str
-    stages: list[GraphStageReport]
-    batch_size: int | None = None
-
-    def __str__(self) -> str:
-        scale = self.batch_size or 1
-        per = f"batch {self.batch_size}" if self.batch_size else "per example"
-        lines = [f"partition={self.policy}; FLOPs and bytes {per}"]
-        for s in self.stages:
-            span = s.layers[0] if len(s.layers) == 1 else f"{s.layers[0]}..{s.layers[-1]}"
-            lines.append(
-                f"stage {s.stage} on {s.device}: {len(s.layers)} layer call(s) {span}, "
-                f"params {s.num_params:,}, MFLOPs {s.flops * scale / 1e6:.3f}"
-            )
-            if s.crossing:
-                what = ", ".join(f"{n} {_Shape(sh)} {dt}" for n, sh, dt in s.crossing)
-                lines.append(
-                    f"  -> stage {s.stage + 1}: {len(s.crossing)} tensor(s), "
-                    f"{s.crossing_bytes * scale:,} bytes: {what}"
-                )
-        return "\n".join(lines)
-
-
-def _Shape(shape: tuple) -> str:
-    """'[batch, None, 64]': the batch dim, then the other dims (None where unknown)."""
-    dims = ["batch"] + [str(d) for d in shape[1:]]
-    return "[" + ", ".join(dims) + "]"
-
-
-def _TensorName(graph: Graph, key: Any) -> str:
+def TensorName(graph: Graph, key: Any) -> str:
+    """'input:x', a node's name, or 'name[i]' for its i-th of several outputs."""
     if key in graph.input_keys:
         return f"input:{graph.model.inputs[graph.input_keys.index(key)].name}"
     for n in graph.nodes:
@@ -453,33 +453,3 @@ def _TensorName(graph: Graph, key: Any) -> str:
             i = n.out_keys.index(key)
             return n.name if len(n.out_keys) == 1 else f"{n.name}[{i}]"
     return str(key)
-
-
-def MakeReport(cut: Cut, devices: Sequence[str], batch_size: int | None = None) -> GraphReport:
-    graph, seen, stages = cut.graph, set(), []
-    for s, idx in enumerate(cut.stages):
-        params = 0
-        for i in idx:
-            op = graph.nodes[i].operation
-            if id(op) not in seen:
-                seen.add(id(op))
-                params += NodeParams(graph.nodes[i])
-        crossing, nbytes = [], 0
-        if s + 1 < len(cut.stages):
-            for key in cut.live[s + 1]:
-                shape, dtype = graph.shapes[key], graph.dtypes[key]
-                crossing.append((_TensorName(graph, key), shape, dtype))
-                dims = [1 if d is None else int(d) for d in shape[1:]]
-                nbytes += int(np.prod(dims, dtype=np.int64)) * np.dtype(dtype).itemsize
-        stages.append(
-            GraphStageReport(
-                stage=s,
-                device=devices[s],
-                layers=[graph.nodes[i].name for i in idx],
-                num_params=params,
-                flops=sum(NodeFlops(graph.nodes[i]) for i in idx),
-                crossing=crossing,
-                crossing_bytes=nbytes,
-            )
-        )
-    return GraphReport(cut.policy, stages, batch_size)

@@ -34,6 +34,7 @@ from keras.src.models import functional as keras_functional
 
 from lingpipe import asserts, base_layer, cluster, seeds
 from lingpipe.keras import graph as graph_lib
+from lingpipe.keras import graph_report
 from lingpipe.nested_map import NestedMap
 from lingpipe.pipeline import (
     driver,
@@ -41,6 +42,7 @@ from lingpipe.pipeline import (
     generators,
     gradient_sums,
     micro_batch,
+    report,
     schedule,
     settings,
 )
@@ -181,11 +183,12 @@ class GraphPipeline:
         """The stage whose device holds `layer`'s weights."""
         return self._cut.LayerStages()[id(layer)]
 
-    def PartitionReport(self, batch_size: int | None = None) -> graph_lib.GraphReport:
-        """Per stage: device, layers, params, FLOPs, and the tensors (and bytes) crossing
-        to the next stage, per example or for `batch_size`."""
+    def PartitionReport(self, batch_size: int | None = None) -> report.PartitionReport:
+        """Per stage: device, layer calls, params, FLOPs, the cost under the partition
+        policy, and the tensors (and bytes) crossing to the next stage, per example or
+        for `batch_size` (lingpipe.keras.graph_report)."""
         stage_devices = [self.StageDevice(s) for s in range(len(self._placement))]
-        return self._cut.Report(stage_devices, batch_size)
+        return graph_report.Report(self._cut, stage_devices, self._num_micro_batches, batch_size)
 
     def _Resolve(self, num_micro_batches: int) -> schedule.Schedule:
         try:

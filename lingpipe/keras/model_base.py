@@ -33,7 +33,9 @@ What this class gives:
     the data are arrays (evaluate and predict take batches of any size).
   - `compile(jit_compile=True)` is refused (XLA cannot span the stages' devices).
   - `export`, `tf.saved_model.save`: a serving function of the inputs' spec.
-  - `summary()` adds a table of the stages: device, layers, parameters.
+  - `summary()` adds a table of the stages: device, layers, parameters
+    (`stages_table()`); `partition_report()` is the pipeline's PartitionReport
+    (CamelCase `StagesTable()` and `PartitionReport()` are kept as aliases).
   - a `fit` (or evaluate, predict) that raised leaves no half-traced function behind.
 """
 
@@ -430,9 +432,30 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         """keras.Model.summary, then a table of the stages: device, Keras layers, params."""
         super().summary(*args, print_fn=print_fn, **kwargs)
         if self._pipeline is not None:
-            (print_fn or print)(self.StagesTable())
+            (print_fn or print)(self.stages_table())
+
+    def partition_report(self, *args: Any, **kwargs: Any) -> Any:
+        """The pipeline's partition report (lingpipe.pipeline.report.PartitionReport; print
+        it for a table): per stage its device, layers, parameters, FLOPs, the bytes sent
+        to the next stage and its cost. Arguments go to the pipeline's PartitionReport:
+        `batch_size=` for Pipeline (FLOPs and bytes for that batch, else per example),
+        `input_shapes=` and `optimizer=` for PipelinedSequential (with a memory table)."""
+        if self._pipeline is None:
+            raise ValueError(
+                f"{type(self).__name__} {self.name!r}: it has no stages yet, so no partition "
+                f"report; build it first (input_shape=..., or call it on a batch)"
+            )
+        return self._pipeline.PartitionReport(*args, **kwargs)
+
+    def PartitionReport(self, *args: Any, **kwargs: Any) -> Any:
+        """partition_report (Lingvo's name, kept)."""
+        return self.partition_report(*args, **kwargs)
 
     def StagesTable(self) -> str:
+        """stages_table (Lingvo's name, kept)."""
+        return self.stages_table()
+
+    def stages_table(self) -> str:
         """One row per stage: its device, its Keras layers (by name) and their parameters."""
         rows = [("stage", "device", "params", "layers")]
         for k, layers in enumerate(self.StageLayers()):

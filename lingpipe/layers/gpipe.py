@@ -121,7 +121,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         self._driver = driver.Driver(self._devices, stage_devices, per_stage, p.batch_dim)
         self._metas = costs.CellMetas(p, cells, tuple(p.input_shapes)) if p.input_shapes else None
         self._cell_costs = self._CellCosts(cells)
-        self._counts = self._Partition(cells, num_chunks)
+        self._counts = self._Partition(num_chunks)
         self._stage_cells = [list(range(*ends)) for ends in partition.Boundaries(self._counts)]
         for s, idx in enumerate(self._stage_cells):
             with tf.device(self.StageDevice(s)):
@@ -162,11 +162,15 @@ class PipeliningLayer(base_layer.BaseLayer):
                 f"{self.path}: partition={policy!r} needs input_shapes (the shapes of "
                 f"FProp's inputs) to measure the cells; set p.input_shapes"
             )
-        if policy == "flops":
-            return [float(m.flops) for m in self._metas]
-        if policy == "params":
-            return [float(m.num_params) for m in self._metas]
-        return costs.ProfileCells(p, cells, tuple(p.input_shapes), p.profile_repeats)
+        return costs.PolicyCosts(
+            policy,
+            len(cells),
+            flops=lambda: [m.flops for m in self._metas],
+            params=lambda: [m.num_params for m in self._metas],
+            profile=lambda: costs.ProfileCellTimes(
+                p, cells, tuple(p.input_shapes), p.profile_repeats
+            ),
+        )
 
     def _CheckSchedule(self) -> schedule.Schedule:
         """p.schedule for some M, refused here if it cannot run these devices: its
@@ -184,12 +188,9 @@ class PipeliningLayer(base_layer.BaseLayer):
                     raise ValueError(f"{self.path}: {e}") from None
         return self.Schedule(micro)
 
-    def _Partition(self, cells: list, num_chunks: int) -> list[int]:
-        p = self.params
-        if isinstance(p.partition, str):
-            return partition.MinMaxPartition(self._cell_costs, num_chunks)
+    def _Partition(self, num_chunks: int) -> list[int]:
         try:
-            return partition.CheckCounts(p.partition, len(cells), num_chunks)
+            return partition.Counts(self.params.partition, self._cell_costs, num_chunks)
         except ValueError as e:
             raise ValueError(f"{self.path}: {e}") from None
 

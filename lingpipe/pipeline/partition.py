@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 # Relative slack when comparing sums of float costs.
 _EPS = 1e-9
@@ -40,7 +42,21 @@ def MinMaxPartition(costs: Sequence[float], num_stages: int) -> list[int]:
     stages whose most expensive stage (it sets the pipeline's clock) is as cheap as any
     such cut allows (exact); among those, the most even one: the least sum of squared
     stage costs (a second dynamic program under the bound); ties put the extra cells on
-    earlier stages, as micro-batch sizes do."""
+    earlier stages, as micro-batch sizes do.
+
+    Remembered per (costs, num_stages): the planner asks again for every candidate of
+    the same stage count, and the programs are O(cells^2 x stages)."""
+    if isinstance(num_stages, int) and all(isinstance(c, (int, float)) for c in costs):
+        return list(_CachedMinMaxPartition(tuple(map(float, costs)), num_stages))
+    return _MinMaxPartition(costs, num_stages)
+
+
+@functools.lru_cache(maxsize=256)
+def _CachedMinMaxPartition(costs: tuple[float, ...], num_stages: int) -> tuple[int, ...]:
+    return tuple(_MinMaxPartition(costs, num_stages))
+
+
+def _MinMaxPartition(costs: Sequence[float], num_stages: int) -> list[int]:
     bound = MinMaxCost(costs, num_stages)
     slack = bound * (1 + _EPS) + _EPS
     prefix = _Prefix(costs)
@@ -80,6 +96,14 @@ def CheckCounts(counts: Sequence[int], num_cells: int, num_stages: int) -> list[
             f"{num_cells}"
         )
     return counts
+
+
+def Counts(partition: Any, costs: Sequence[float], num_stages: int) -> list[int]:
+    """Units per stage, as both front ends cut: a policy's name (a str) balances `costs`
+    (MinMaxPartition); a list of counts is checked (CheckCounts) and kept."""
+    if isinstance(partition, str):
+        return MinMaxPartition(costs, num_stages)
+    return CheckCounts(partition, len(costs), num_stages)
 
 
 def Boundaries(counts: Sequence[int]) -> list[tuple[int, int]]:

@@ -1,5 +1,9 @@
 """PartitionReport: per stage, its device, cells, parameters, FLOPs and boundary bytes.
 
+One report for both front ends: a PipeliningLayer's stages of cells, and a Keras
+graph's stages of layer calls (lingpipe.keras.graph), which also name the tensors
+crossing each cut (a skip connection, a mask, a second input) below the table.
+
 When the stages live on more than one host (devices of other tasks, as under
 `--strategy=hosts`), the table gains a column with the bytes per step that cross
 from a stage to the next stage's host (`CrossHostBytes`).
@@ -19,6 +23,7 @@ from lingpipe.cluster import HostOf
 from lingpipe.pipeline import memory as memory_lib
 
 MIB = 1024 * 1024
+FLOPS_UNITS = {"GFLOPs": 1e9, "MFLOPs": 1e6}
 
 
 @dataclasses.dataclass
@@ -31,6 +36,9 @@ class StageReport:
     boundary_bytes: int | None  # bytes this stage sends to the next, per micro-batch
     cost: float  # under the partition's own measure
     memory: memory_lib.StageMemory | None = None  # bytes; None without input shapes
+    # (tensor name, shape (batch dim first), dtype) of each tensor sent to the next stage,
+    # when the front end knows them (a Keras graph); boundary_bytes is their sum.
+    crossing: list[tuple[str, tuple, str]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -42,6 +50,9 @@ class PartitionReport:
     stages: list[StageReport]
     memory_note: str = ""  # what the memory estimate assumed, or why there is none
     measured: dict[str, int] | None = None  # {device: measured peak bytes}, MeasuredPeaks
+    unit: str = "cells"  # what a stage is made of: 'cells', or a Keras graph's 'layer calls'
+    flops_unit: str = "GFLOPs"  # the FLOPs column's unit (FLOPS_UNITS)
+    amounts: str = ""  # what FLOPs and bytes count, when not a PipeliningLayer's own
 
     def AddMemory(self, estimate: Callable[[], list[memory_lib.StageMemory]], note: str) -> None:
         """Sets each stage's memory from `estimate()`; a ValueError (a cell that cannot be
@@ -99,7 +110,8 @@ class PartitionReport:
         return max(costs) / mean if mean > 0 else 1.0
 
     def __str__(self) -> str:
-        rows = [("stage", "device", "cells", "params", "GFLOPs", "boundary KiB", "cost")]
+        rows = [("stage", "device", self.unit, "params", self.flops_unit, "boundary KiB", "cost")]
+        scale = FLOPS_UNITS[self.flops_unit]
         hosts = self.num_hosts > 1
         if hosts:
             rows[0] += ("to next host KiB/step",)
@@ -107,7 +119,7 @@ class PartitionReport:
         for s, cross in zip(self.stages, crossing):
             span = s.cells[0] if len(s.cells) == 1 else f"{s.cells[0]}..{s.cells[-1]}"
             cells = f"{span} ({len(s.cells)})"
-            flops = "?" if s.flops is None else f"{s.flops / 1e9:.4f}"
+            flops = "?" if s.flops is None else f"{s.flops / scale:.4f}"
             kib = "?" if s.boundary_bytes is None else f"{s.boundary_bytes / 1024:.1f}"
             row = (str(s.stage), s.device, cells, f"{s.num_params:,}", flops, kib, f"{s.cost:.4g}")
             if hosts:
@@ -124,7 +136,21 @@ class PartitionReport:
                 f"{self.num_hosts} hosts: {total} cross between hosts per step (each "
                 "micro-batch's boundary activations forward, their gradients backward)"
             )
-        return "\n".join(lines + self._MemoryLines())
+        if self.amounts:
+            lines.append(self.amounts)
+        return "\n".join(lines + self._CrossingLines() + self._MemoryLines())
+
+    def _CrossingLines(self) -> list[str]:
+        """Per cut with named tensors: what crosses it, and their bytes."""
+        lines = []
+        for s in self.stages:
+            if s.crossing:
+                what = ", ".join(f"{n} {_Shape(sh)} {dt}" for n, sh, dt in s.crossing)
+                lines.append(
+                    f"stage {s.stage} -> stage {s.stage + 1}: {len(s.crossing)} tensor(s), "
+                    f"{s.boundary_bytes:,} bytes: {what}"
+                )
+        return lines
 
     def _MemoryLines(self) -> list[str]:
         """The memory table (MiB), with measured peaks beside the estimate when known."""
@@ -159,6 +185,11 @@ def _Table(rows: list) -> list[str]:
     """`rows` (lists of strings, the header first) as lines of left-aligned columns."""
     widths = [max(map(len, column)) for column in zip(*rows)]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def _Shape(shape: tuple) -> str:
+    """'[batch, None, 64]': the batch dim, then the other dims (None where unknown)."""
+    return "[" + ", ".join(["batch"] + [str(d) for d in shape[1:]]) + "]"
 
 
 def _Mib(num_bytes: int) -> str:

@@ -73,11 +73,18 @@ def test_partition_report_lists_crossing_tensors_and_bytes():
     )
     text = str(pipe.pipeline.PartitionReport(batch_size=4))
     # b_dense1's output is read by b_dense2 and, through the skip, by b_add: it crosses once.
-    assert "-> stage 1: 1 tensor(s), 256 bytes: backbone/b_dense1 [batch, 16] float32" in text
-    assert "stage 0 on /device:CPU:1: 1 layer call(s) backbone/b_dense1, params 144" in text
-    assert "stage 1 on /device:CPU:2: 4 layer call(s) backbone/b_dense2..logits" in text
+    assert (
+        "stage 0 -> stage 1: 1 tensor(s), 256 bytes: backbone/b_dense1 [batch, 16] float32" in text
+    )
+    rows = [line.split() for line in text.splitlines()[1:3]]
+    # stage, device, the layer calls (first..last and how many), params (as the
+    # one report of both front ends prints them: the engine's PartitionReport table).
+    assert rows[0][:5] == ["0", "/device:CPU:1", "backbone/b_dense1", "(1)", "144"]
+    assert rows[1][:4] == ["1", "/device:CPU:2", "backbone/b_dense2..logits", "(4)"]
+    assert text.splitlines()[0].split()[2:4] == ["layer", "calls"]
+    assert "FLOPs and bytes for batch 4" in text and "micro_batches=2" in text
     report = pipe.pipeline.PartitionReport()
-    assert [s.crossing_bytes for s in report.stages] == [64, 0]
+    assert [s.boundary_bytes for s in report.stages] == [64, 0]
 
 
 def test_two_crossing_tensors_at_a_cut_inside_the_skip():
@@ -176,7 +183,8 @@ def test_shared_nested_model_and_shared_layer_called_twice():
 
 
 def test_profile_and_explicit_partitions():
-    """'profile' times each layer call (one example, forward): a cut of 2 non-empty stages."""
+    """'profile' times each layer call (one example, forward and backward): a cut of 2
+    non-empty stages."""
     model = _Classifier()
     plain = _PlainCopy(model)
     pipe = lpk.Pipeline(
@@ -253,3 +261,22 @@ def test_an_embedding_is_costed_as_a_lookup_and_unknown_dims_print_as_none():
         devices=DEVICES[:2],
     )
     assert "embed [batch, None, 16] float32" in str(pipe.pipeline.PartitionReport())
+
+
+def test_profiling_times_forward_and_backward_and_changes_no_state():
+    """ProfileNodes runs each layer call in training mode (the backward needs it) under a
+    keras.StatelessScope: batch norm's moving statistics and dropout's seed stay as
+    they were."""
+    from lingpipe.keras import graph as graph_lib
+
+    x = keras.Input((8,))
+    h = keras.layers.Dense(16, name="dense")(x)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    model = keras.Model(x, keras.layers.Dropout(0.5, seed=1, name="drop")(h))
+    state = [v for layer in model.layers for v in layer.variables if not v.trainable]
+    assert len(state) == 3  # moving mean, moving variance, the dropout's seed state
+    before = [v.numpy().copy() for v in state]
+    times = graph_lib.ProfileNodes(graph_lib.Trace(model, "test"), repeats=1)
+    assert [t.forward > 0 and t.backward >= 0 for t in times] == [True] * 3
+    for v, b in zip(state, before):
+        np.testing.assert_array_equal(v.numpy(), b, err_msg=v.path)

@@ -1,0 +1,278 @@
+"""Memory per device of a Keras graph cut into stages, in a training step: an estimate.
+
+The same model as lingpipe.pipeline.memory's for PipeliningLayer cells, with a Keras
+graph's layer calls (nodes) as the units:
+
+- weights, gradients, optimizer slots: each layer's, on the stage where it is first
+  called (where its variables live);
+- activations: per stage, the tensors it receives (those alive across the cut, as
+  graph.LiveTensors finds them) and, for each micro-batch whose forward is kept, what
+  its nodes' backwards read; alive per the schedule (memory.ActivationEvents over the
+  simulated schedule, remat.Kept for the policy); a device sums its stages'
+  (memory.DeviceMemory);
+- workspace: a backward's transients for one micro-batch, as memory.Workspace counts.
+
+What a node's backward reads is found, not guessed: `TraceNodes` traces each node's
+forward and its tf.gradients in a tf.function that never runs (nothing is allocated)
+and sums the forward tensors the gradient ops read, views resolved, weights left out:
+its arguments, its outputs, and its intermediates. Traced once, for one example;
+a micro-batch of b rows holds b times as much (unknown dims count as 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from lingpipe.keras import graph as graph_lib
+from lingpipe.pipeline import memory, simulate
+from lingpipe.pipeline import remat as remat_lib
+from lingpipe.pipeline.schedule import Schedule
+
+# Ops whose output shares its input's buffer (memory.py's list): a view costs its source.
+_VIEW_OPS = frozenset({"Reshape", "Identity", "ExpandDims", "Squeeze", "StopGradient", "Snapshot"})
+# Forward tensors that are not activations, and readers that need only a shape.
+_NOT_ACTIVATIONS = frozenset({"ReadVariableOp", "Const", "VarHandleOp"})
+_SHAPE_READERS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeMemory:
+    """What one node's backward reads, per example (bytes), and its layer's weights.
+
+    Attributes:
+      saved_args: keys of its arguments that its backward reads.
+      saved_outputs: keys of its outputs that its backward reads.
+      internal_bytes: the other forward tensors its backward reads (not its arguments,
+        outputs or weights), per example.
+      weight_bytes: every variable of its layer where the layer is first called, else 0.
+      trainable_bytes: the trainable ones, likewise.
+    """
+
+    saved_args: tuple
+    saved_outputs: tuple
+    internal_bytes: int
+    weight_bytes: int
+    trainable_bytes: int
+
+
+def _Source(t: tf.Tensor) -> tf.Tensor:
+    while t.op.type in _VIEW_OPS and t.op.inputs:
+        t = t.op.inputs[0]
+    return t
+
+
+def _Bytes(t: tf.Tensor) -> int:
+    if t.dtype in (tf.resource, tf.variant) or not t.shape.is_fully_defined():
+        return 0
+    return t.shape.num_elements() * t.dtype.size
+
+
+def _VariableBytes(variables: Sequence[Any]) -> int:
+    return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables)
+
+
+def _Specs(graph: graph_lib.Graph, node: graph_lib.GraphNode) -> list[tf.TensorSpec]:
+    """The node's arguments for one example (unknown dims 1)."""
+    return [
+        tf.TensorSpec([1, *[1 if d is None else d for d in graph.shapes[k][1:]]], graph.dtypes[k])
+        for k in node.arg_keys
+    ]
+
+
+def _CallKey(node: graph_lib.GraphNode, specs: list) -> Any:
+    """What decides what a node's backward reads: its operation's class and config, how
+    it is called (its arguments, tensors as their specs). Equal keys trace alike; None
+    when the config cannot be read (traced on its own)."""
+    try:
+        config = node.operation.get_config()
+        config.pop("name", None)
+        tensors = iter(specs)
+        call = keras.tree.map_structure(
+            lambda x: next(tensors) if isinstance(x, keras.KerasTensor) else x,
+            (node.node.arguments.args, node.node.arguments.kwargs),
+        )
+        return (type(node.operation), repr(config), repr(call))
+    except Exception:  # noqa: BLE001 (an operation without a config: no sharing)
+        return None
+
+
+def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[set, set, int]:
+    """(argument positions, output positions, other bytes) that the node's gradient ops
+    read, traced for `specs` without running."""
+    call, variables = graph_lib.NodeCall(node), graph_lib.TrainableVariables(node)
+    found: dict = {}
+
+    def Fn(*args: Any) -> Any:
+        g = tf.compat.v1.get_default_graph()
+        outputs = call(*args)
+        forward = set(g.get_operations())
+        ys = [y for y in outputs if y.dtype.is_floating]
+        xs = [x for x in args if x.dtype.is_floating] + list(variables)
+        if ys and xs:
+            tf.gradients(ys, xs, grad_ys=[tf.ones(y.shape, y.dtype) for y in ys])
+        reads = [
+            _Source(t)
+            for op in g.get_operations()
+            if op not in forward and op.type not in _SHAPE_READERS
+            for t in op.inputs
+        ]
+        found.update(forward=forward, reads=reads, args=args, outputs=outputs)
+        return 0
+
+    # Traced, never run; Keras layers need no autograph (and it costs most of a trace).
+    tf.function(Fn, autograph=False).get_concrete_function(*specs)
+    arg_at = {x.ref(): i for i, x in enumerate(found["args"])}
+    out_at = {_Source(y).ref(): i for i, y in enumerate(found["outputs"])}
+    args, outs, other = set(), set(), {}
+    for t in found["reads"]:
+        if t.op not in found["forward"] or t.op.type in _NOT_ACTIVATIONS:
+            continue
+        if t.ref() in arg_at:
+            args.add(arg_at[t.ref()])
+        elif t.ref() in out_at:
+            outs.add(out_at[t.ref()])
+        else:
+            other[t.ref()] = _Bytes(t)
+    return args, outs, sum(other.values())
+
+
+def WeightBytes(graph: graph_lib.Graph, trainable: bool = False) -> list[int]:
+    """Per node, the bytes of its layer's variables (or trainable ones) where the layer is
+    first called, 0 at its later calls and for keras.ops operations."""
+    seen: set = set()
+    out = []
+    for node in graph.nodes:
+        first_use = node.is_layer and id(node.operation) not in seen
+        seen.add(id(node.operation))
+        weights = node.operation.trainable_weights if trainable else node.operation.weights
+        out.append(_VariableBytes(weights) if first_use else 0)
+    return out
+
+
+def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> list[NodeMemory]:
+    """Each node's NodeMemory (module doc); a node that cannot be traced is one line."""
+    weights, trainable = WeightBytes(graph), WeightBytes(graph, trainable=True)
+    traced: dict = {}  # _CallKey -> _Saved: a model's repeated blocks are traced once
+    out = []
+    for i, node in enumerate(graph.nodes):
+        specs = _Specs(graph, node)
+        key = _CallKey(node, specs)
+        try:
+            saved = traced[key] if key in traced else _Saved(node, specs)
+        except Exception as e:  # noqa: BLE001 (any failure of a user's layer, named)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise ValueError(
+                f"{where}: cannot trace layer call {node.name!r} to estimate its memory: "
+                f"{type(e).__name__}: {first}"
+            ) from None
+        if key is not None:
+            traced[key] = saved
+        args, outs, internal = saved
+        out.append(
+            NodeMemory(
+                saved_args=tuple(k for j, k in enumerate(node.arg_keys) if j in args),
+                saved_outputs=tuple(k for j, k in enumerate(node.out_keys) if j in outs),
+                internal_bytes=internal,
+                weight_bytes=weights[i],
+                trainable_bytes=trainable[i],
+            )
+        )
+    return out
+
+
+def SlotsPerWeight(optimizer: Any, where: str = "lingpipe.keras.Plan") -> float:
+    """Weight-sized slots a Keras optimizer keeps per weight (SGD 0, SGD with momentum 1,
+    Adam 2, ...): a copy of it built on one 8 x 8 probe variable, its new variables
+    counted. A number is taken as it is."""
+    if isinstance(optimizer, (int, float)) and not isinstance(optimizer, bool):
+        return float(optimizer)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(
+            f"{where}: expected optimizer to be a Keras optimizer or a number of slots per "
+            f"weight, received {type(optimizer).__name__} {optimizer!r:.60}"
+        )
+    try:
+        probe = type(optimizer).from_config(optimizer.get_config())
+        before = {id(v) for v in probe.variables}
+        probe.build([keras.Variable(np.zeros((8, 8), "float32"), name="probe")])
+    except Exception as e:  # noqa: BLE001 (whatever an optimizer's own build raises)
+        raise ValueError(
+            f"{where}: cannot count the slots of optimizer {type(optimizer).__name__} "
+            f"({type(e).__name__}); pass optimizer= a number of slots per weight (Adam: 2)"
+        ) from None
+    added = [v for v in probe.variables if id(v) not in before]
+    return sum(math.prod(v.shape) for v in added) / 64.0
+
+
+@dataclasses.dataclass
+class GraphMemory:
+    """A traced graph's memory facts, from which each candidate's memory follows."""
+
+    graph: graph_lib.Graph
+    nodes: list[NodeMemory]
+    slots_per_weight: float
+
+    def Stages(
+        self,
+        stage_nodes: Sequence[Sequence[int]],
+        sched: Schedule,
+        remat: remat_lib.Remat,
+        batch_size: int,
+    ) -> list[memory.StageMemory]:
+        """Per stage of `sched` (node indices in `stage_nodes`), its memory in a step
+        over `batch_size` rows split into sched.num_micro_batches micro-batches."""
+        graph, m = self.graph, sched.num_micro_batches
+        rows = -(-batch_size // m)  # the largest micro-batch
+        stages = [list(idx) for idx in stage_nodes]
+        live = graph_lib.LiveTensors(graph, stages)
+        sim, kept = simulate.Simulate(sched), remat_lib.Kept(sched, remat)
+        batch_bytes = batch_size * sum(graph_lib.TensorBytes(graph, k) for k in live[0])
+        out = []
+        for k, idx in enumerate(stages):
+            received = sum(graph_lib.TensorBytes(graph, x) for x in live[k]) * rows
+            sent = sum(graph_lib.TensorBytes(graph, x) for x in live[k + 1]) * rows
+            mine = [self.nodes[i] for i in idx]
+            read = {x for n in mine for x in n.saved_args + n.saved_outputs} - set(live[k])
+            internal = rows * (
+                sum(n.internal_bytes for n in mine)
+                + sum(graph_lib.TensorBytes(graph, x) for x in read)
+            )
+            boundary = received if k else 0  # stage 0's inputs: the batch, counted once
+            events = memory.ActivationEvents(sim, m, k, kept, boundary, internal)
+            trainable = sum(n.trainable_bytes for n in mine)
+            out.append(
+                memory.StageMemory(
+                    weights=sum(n.weight_bytes for n in mine),
+                    gradients=trainable,
+                    optimizer_slots=int(self.slots_per_weight * trainable),
+                    activations=simulate.PeakOf(events) + (batch_bytes if k == 0 else 0),
+                    workspace=(sent + received + max(n.trainable_bytes for n in mine))
+                    if sched.has_backward
+                    else 0,
+                    peak_alive=sim.peak_alive[k],
+                    events=tuple(events),
+                    alive_events=tuple(memory.ActivationEvents(sim, m, k, set(), 1, 0)),
+                )
+            )
+        return out
+
+    def PerDevice(
+        self,
+        stage_nodes: Sequence[Sequence[int]],
+        sched: Schedule,
+        remat: remat_lib.Remat,
+        batch_size: int,
+    ) -> list[memory.StageMemory]:
+        """Per device of `sched`: the memory of all the stages it runs (DeviceMemory)."""
+        stages = self.Stages(stage_nodes, sched, remat, batch_size)
+        per_device: list[list] = [[] for _ in range(sched.num_devices)]
+        for s, stage in enumerate(stages):
+            per_device[sched.stage_devices[s]].append(stage)
+        return [memory.DeviceMemory(ms) for ms in per_device]
