@@ -170,7 +170,7 @@ def test_no_import_loop_inside_the_engine():
         }
         for m in modules
     }
-    assert graph["simulate"] == {"schedule"} and graph["schedule"] == set()
+    assert graph["simulate"] == {"actions"} and graph["actions"] == set()
     assert graph["plot"] <= {"schedule", "simulate"}
     done, visiting = set(), []
 
