@@ -52,6 +52,11 @@ BASE_CLASS_PATHS = (
 )
 
 
+# Modules that moved, by their previous path, so that a params file written before the
+# move still reads (for one release): `cls : lingpipe.schedules.Cosine`.
+_MOVED_MODULES = {"lingpipe.schedules": "lingpipe.lr_schedules"}  # relayout: keep
+
+
 class NotLiteralError(ValueError):
     """`ParseValue` was given text that is none of the accepted value forms."""
 
@@ -210,6 +215,9 @@ def ParseValue(text: str) -> Any:
             raise NotLiteralError(f"{text!r} is not a TensorFlow dtype") from e
     if _CLASS_PATH_RE.match(text):
         cls = _ResolveClass(text)
+        for before, after in _MOVED_MODULES.items():
+            if cls is None and text.startswith(before + "."):
+                cls = _ResolveClass(after + text[len(before) :])
         if cls is None:
             raise NotLiteralError(f"{text!r} does not name a class in an imported module")
         return cls
