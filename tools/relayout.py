@@ -309,8 +309,10 @@ def RenameLocals(text: str) -> str:
     same for the command module's local name `schedule_cli`."""
 
     def Names(m: re.Match) -> str:
-        names = [n.strip() for n in m.group("names").split(",")]
-        return m.group("head") + ", ".join("lr_schedules" if n == "schedules" else n for n in names)
+        body, hash_, comment = m.group("names").partition("#")
+        names = [n.strip() for n in body.split(",")]
+        new = ", ".join("lr_schedules" if n == "schedules" else n for n in names)
+        return m.group("head") + new + (f"  #{comment}" if hash_ else "")
 
     text = _FROM_LINGPIPE.sub(Names, text)
     for before, after, imported in RENAMED_LOCALS:
