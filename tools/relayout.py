@@ -167,6 +167,8 @@ def PlanMoves(root: pathlib.Path) -> list[tuple[str, str]]:
             moves.append((f"lingpipe/pipeline/{name}.py", f"lingpipe/pipeline/{PIPELINE[name]}.py"))
     if not (root / "lingpipe/lr_schedules.py").exists():
         moves.append(("lingpipe/schedules.py", "lingpipe/lr_schedules.py"))
+    if (root / "tests/test_schedules.py").exists():  # Tests mirror the package.
+        moves.append(("tests/test_schedules.py", "tests/test_lr_schedules.py"))
     if (root / "params").is_dir():
         tracked = Git(root, "ls-files", "params").split()
         moves += [(path, f"lingpipe/{path}") for path in sorted(tracked)]
@@ -185,11 +187,14 @@ def Move(root: pathlib.Path, moves: list[tuple[str, str]]) -> None:
     for name, doc in SUBPACKAGES.items():
         init = root / "lingpipe/pipeline" / name / "__init__.py"
         if (root / init.parent).is_dir() and not init.exists():
-            init.write_text(f'"""{doc}\n"""\n')
+            init.write_text(f'"""{doc}"""\n')
             Git(root, "add", str(init.relative_to(root)))
     if not (root / "lingpipe/schedules.py").exists():
         (root / "lingpipe/schedules.py").write_text(LR_SHIM)
         Git(root, "add", "lingpipe/schedules.py")
+        lr = root / "lingpipe/lr_schedules.py"
+        text = lr.read_text()
+        lr.write_text(text.replace("    schedule = schedules.", "    schedule = lr_schedules."))
     schedule = root / "lingpipe/pipeline/schedules/schedule.py"
     main = root / "lingpipe/pipeline/schedules/__main__.py"
     text = schedule.read_text()
@@ -216,7 +221,7 @@ def Rules(params_modules: list[str]) -> list[tuple[re.Pattern, object]]:
     for before, after in COMMANDS.items():
         name = re.escape(before)
         rules += [
-            (re.compile(rf"(python -m |\"-m\", \"|'-m', '){name}\b(?!\.)"), rf"\g<1>{after}"),
+            (re.compile(rf"(python -m |\"-m\", \"|'-m', '){name}\b(?!\.\w)"), rf"\g<1>{after}"),
             (re.compile(rf"(?<![\w.]){name}: error:"), f"{after}: error:"),
         ]
     rules += [
@@ -275,7 +280,7 @@ def SplitPipelineImports(text: str, where: str) -> str:
                     f"{where}: imports lingpipe.pipeline.{name}, which PIPELINE does not name"
                 )
             package, _, new = PIPELINE[name].rpartition("/")
-            local = alias or name
+            local = alias or new  # A renamed module's users take its new name (RenameLocals).
             by_package.setdefault(package, []).append(new if local == new else f"{new} as {local}")
         lines = []
         for package in sorted(by_package):
@@ -390,12 +395,21 @@ def Main(argv: list[str] | None = None) -> int:
             if after != before:
                 (root / path).write_text(after)
                 changed.append(path)
-        python = [p for p in changed if p.endswith(".py")]
+        new = Git(root, "diff", "--cached", "--name-only", "--diff-filter=A").split()
+        python = sorted({p for p in [*changed, *new] if p.endswith(".py")})
         if python:
             subprocess.run(
                 ["ruff", "check", "--select", "I", "--fix", "-q", *python], cwd=root, check=False
             )
             subprocess.run(["ruff", "format", "-q", *python], cwd=root, check=True)
+            long = subprocess.run(
+                ["ruff", "check", "--select", "E501", "--output-format", "concise", *python],
+                cwd=root,
+                capture_output=True,
+                text=True,
+            ).stdout.splitlines()
+            for line in [x for x in long if "E501" in x]:
+                print(f"relayout: shorten by hand (a longer path in a string): {line}")
         Git(root, "add", "-A")
         print(f"rewrote {len(changed)} files")
         left = Leftovers(root, files)
