@@ -23,7 +23,7 @@ from lingpipe import _moved
 __all__: list[str] = []
 
 # Each module's previous path below lingpipe.pipeline, and its path now.
-MOVED = {
+_MOVED = {
     "controllable_memory": "schedules.controllable_memory",
     "costs": "planning.costs",
     "driver": "step.driver",
@@ -49,7 +49,7 @@ MOVED = {
 
 _moved.Install(
     __name__,
-    MOVED,
+    _MOVED,
     commands={
         "schedule": "lingpipe.pipeline.schedules",
         "schedule_cli": "lingpipe.pipeline.schedules",
