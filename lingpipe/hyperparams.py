@@ -57,6 +57,13 @@ from typing import Any
 from lingpipe import params_text
 from lingpipe.params_text import REQUIRED  # A value of the text format, defined there.
 
+__all__ = [
+    "CheckInstantiable",
+    "InstantiableParams",
+    "Params",
+    "REQUIRED",
+]
+
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 # One dotted component of a path: `name` followed by any number of `[i]`.
 _COMPONENT_RE = re.compile(r"^([^.\[\]]+)((?:\[\d+\])*)$")

@@ -33,6 +33,24 @@ import sys
 import tokenize
 from typing import Any
 
+__all__ = [
+    "BASE_CLASS_PATHS",
+    "ClassError",
+    "ClassName",
+    "Coerce",
+    "ExpectedBase",
+    "ExpectedTypeName",
+    "IsDType",
+    "NotLiteralError",
+    "OpaqueText",
+    "ParseValue",
+    "REQUIRED",
+    "SplitLine",
+    "TextOf",
+    "TypeName",
+    "ValueText",
+]
+
 _LINE_RE = re.compile(
     r"^(?P<key>[a-z][a-z0-9_]*(?:\[\d+\])*(?:\.[a-z][a-z0-9_]*(?:\[\d+\])*)*)"
     r"\s*:\s*(?P<value>.*)$"
