@@ -53,7 +53,7 @@ _PENDING = {
 }
 
 # Modules that only hand out another one under an old name, for one release.
-_SHIMS = {"lingpipe.schedules"}
+_SHIMS = {"lingpipe.schedules"}  # relayout: keep
 
 
 def _Name(path: pathlib.Path) -> str:
