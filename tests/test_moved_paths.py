@@ -1,6 +1,6 @@
 """The previous release's module paths still work, for one release, and say where they went.
 
-Each case runs in a new process: a module's old name warns on its first import only.
+They run in new processes: a module's old name warns on its first import only.
 (tools/relayout.py leaves this file's old paths as they are.)
 """
 
@@ -28,24 +28,54 @@ def _Python(code: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_every_old_engine_path_is_the_new_module_and_warns_naming_it():
-    code = """
-        import importlib, json, warnings
-        from lingpipe.pipeline import _MOVED
-        out = {}
-        for old, new in sorted(_MOVED.items()):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                module = importlib.import_module(f"lingpipe.pipeline.{old}")
-            out[old] = [
-                module.__name__,
-                [str(w.message) for w in caught if w.category is DeprecationWarning],
-            ]
-        print(json.dumps(out))
-    """
-    run = _Python(code)
+# One process (TensorFlow is imported once) checks the import paths, in this order: each
+# old engine path's first import, the other import forms, a params file naming the old
+# learning-rate module (before anything imports it), then that module itself.
+_OLD_PATHS = """
+    import importlib, json, sys, warnings
+    from lingpipe.pipeline import _MOVED
+
+    def Warnings(do):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = do()
+        return module, [str(w.message) for w in caught if w.category is DeprecationWarning]
+
+    out = {"paths": {}}
+    for old in sorted(_MOVED):
+        module, warned = Warnings(lambda: importlib.import_module(f"lingpipe.pipeline.{old}"))
+        out["paths"][old] = [module.__name__, warned]
+
+    from lingpipe.pipeline import schedule as old
+    from lingpipe.pipeline.executor import Run
+    import lingpipe.pipeline.memory
+    from lingpipe.pipeline.schedules import schedule
+    from lingpipe.pipeline.step import executor
+    from lingpipe.pipeline.observe import memory
+    out["forms"] = [old is schedule, Run is executor.Run, lingpipe.pipeline.memory is memory]
+
+    from lingpipe import hyperparams, lr_schedules
+    p = hyperparams.Params()
+    p.Define("lr_schedule", lr_schedules.Cosine.Params(), "The schedule.")
+    p.FromText("lr_schedule.cls : lingpipe.schedules.Constant")
+    out["params_file"] = [p.lr_schedule.cls is lr_schedules.Constant,
+                          "lingpipe.schedules" in sys.modules]
+
+    shim, warned = Warnings(lambda: importlib.import_module("lingpipe.schedules"))
+    out["shim"] = [shim is lr_schedules, warned]
+    print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def old_paths() -> dict:
+    run = _Python(_OLD_PATHS)
     assert run.returncode == 0, run.stderr[-3000:]
-    found = json.loads(run.stdout)
+    return json.loads(run.stdout)
+
+
+def test_every_old_engine_path_is_the_new_module_and_warns_naming_it(old_paths):
+    found = old_paths["paths"]
     assert sorted(found) == sorted(_MOVED)
     for old, new in _MOVED.items():
         name, warned = found[old]
@@ -56,23 +86,8 @@ def test_every_old_engine_path_is_the_new_module_and_warns_naming_it():
         ], old
 
 
-def test_old_import_forms_reach_the_same_objects():
-    code = """
-        import warnings
-        warnings.simplefilter("error", DeprecationWarning)
-        from lingpipe.pipeline.schedules import schedule
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from lingpipe.pipeline import schedule as old
-        from lingpipe.pipeline.executor import Run
-        import lingpipe.pipeline.memory
-        from lingpipe.pipeline.step import executor
-        from lingpipe.pipeline.observe import memory
-        assert old is schedule and Run is executor.Run
-        assert lingpipe.pipeline.memory is memory
-        print("ok")
-    """
-    run = _Python(code)
-    assert run.returncode == 0 and run.stdout == "ok\n", run.stderr[-3000:]
+def test_old_import_forms_reach_the_same_objects(old_paths):
+    assert old_paths["forms"] == [True, True, True]
 
 
 def test_python_m_on_the_old_schedule_path_runs_the_new_command():
@@ -99,38 +114,19 @@ def test_python_m_on_the_old_schedule_path_runs_the_new_command():
     ) in old.stderr.splitlines()
 
 
-def test_the_learning_rate_schedules_old_module_is_the_new_one_and_warns():
-    code = """
-        import warnings
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            from lingpipe import schedules
-        from lingpipe import lr_schedules
-        assert schedules is lr_schedules, schedules
-        print([str(w.message) for w in caught if w.category is DeprecationWarning])
-    """
-    run = _Python(code)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.strip() == str(
+def test_the_learning_rate_schedules_old_module_is_the_new_one_and_warns(old_paths):
+    assert old_paths["shim"] == [
+        True,
         [
             "lingpipe.schedules moved to lingpipe.lr_schedules; import it from there (the old "
             "path goes away in the next release)"
-        ]
-    )
+        ],
+    ]
 
 
-def test_a_params_file_naming_the_old_schedule_module_still_reads():
-    code = """
-        from lingpipe import hyperparams, lr_schedules
-        p = hyperparams.Params()
-        p.Define("lr_schedule", lr_schedules.Cosine.Params(), "The schedule.")
-        p.FromText("lr_schedule.cls : lingpipe.schedules.Constant")
-        assert p.lr_schedule.cls is lr_schedules.Constant
-        import sys
-        print("lingpipe.schedules" in sys.modules)
-    """
-    run = _Python(code)
-    assert (run.returncode, run.stdout) == (0, "False\n"), run.stderr[-3000:]
+def test_a_params_file_naming_the_old_schedule_module_still_reads(old_paths):
+    # The class is found without importing the old module.
+    assert old_paths["params_file"] == [True, False]
 
 
 def test_a_module_still_at_its_old_path_is_imported_as_usual(tmp_path):
