@@ -16,6 +16,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+__all__ = [
+    "DivisibleBy",
+    "Eq",
+    "Ge",
+    "Gt",
+    "In",
+    "Le",
+    "Lt",
+    "Ne",
+    "NotNone",
+    "Positive",
+]
+
 
 def _Fail(message: str, where: str | None, hint: str | None) -> None:
     text = f"{where}: {message}" if where else message

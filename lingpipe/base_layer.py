@@ -45,6 +45,22 @@ import tensorflow as tf
 from lingpipe import hyperparams, seeds
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "BaseLayer",
+    "DoEval",
+    "EvalMode",
+    "Fans",
+    "InitialValue",
+    "IsLayerParams",
+    "IsRecomputing",
+    "Meta",
+    "NormShape",
+    "Recomputation",
+    "ToShape",
+    "WeightInit",
+    "WeightParams",
+]
+
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _state = threading.local()
 

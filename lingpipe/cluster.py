@@ -20,6 +20,20 @@ from collections.abc import Iterator, Sequence
 
 import tensorflow as tf
 
+__all__ = [
+    "AvailableDevices",
+    "CanonicalDevice",
+    "DescribeGroups",
+    "HostOf",
+    "MAX_LOGICAL_CPU_DEVICES",
+    "PipelineDevices",
+    "ReplicaDeviceGroups",
+    "ReplicaDevices",
+    "SetLogicalCpuDevices",
+    "StageDevices",
+    "TaskDevices",
+]
+
 # TensorFlow accepts many more, but each logical CPU device costs threads and
 # memory; beyond this a pipeline on one CPU is a mistake, not an experiment.
 MAX_LOGICAL_CPU_DEVICES = 64

@@ -16,6 +16,12 @@ import sys
 
 from absl import app, flags
 
+__all__ = [
+    "FLAGS",
+    "Run",
+    "main",
+]
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_stages", 4, "Pipeline stages (devices).")
 flags.DEFINE_integer("num_micro_batches", 8, "Micro-batches per batch.")

@@ -42,6 +42,14 @@ from lingpipe import base_layer, glob_paths
 from lingpipe.models import base_task
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "EVAL_SIGNATURE",
+    "Export",
+    "InputSpecs",
+    "SIGNATURE",
+    "SingleDeviceCopy",
+]
+
 SIGNATURE = "serving_default"  # the inputs in, predictions out
 EVAL_SIGNATURE = "eval"  # the whole input batch in, predictions and metrics out
 

@@ -26,6 +26,11 @@ from __future__ import annotations
 import os
 import re
 
+__all__ = [
+    "GLOB_CHARS",
+    "Refusal",
+]
+
 # The characters of TensorFlow's glob syntax (tsl's kGlobbingChars, and ']').
 GLOB_CHARS = re.compile(r"[][*?\\]")
 

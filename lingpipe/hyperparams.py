@@ -54,39 +54,19 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-# params_text imports this module too; see the note there.
 from lingpipe import params_text
+from lingpipe.params_text import REQUIRED  # A value of the text format, defined there.
+
+__all__ = [
+    "CheckInstantiable",
+    "InstantiableParams",
+    "Params",
+    "REQUIRED",
+]
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 # One dotted component of a path: `name` followed by any number of `[i]`.
 _COMPONENT_RE = re.compile(r"^([^.\[\]]+)((?:\[\d+\])*)$")
-
-
-class _RequiredMarker:
-    """Type of `REQUIRED`; there is exactly one instance."""
-
-    _instance: _RequiredMarker | None = None
-
-    def __new__(cls) -> _RequiredMarker:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "REQUIRED"
-
-    def __copy__(self) -> _RequiredMarker:
-        return self
-
-    def __deepcopy__(self, memo: dict) -> _RequiredMarker:
-        return self
-
-    def __reduce__(self) -> str:
-        return "REQUIRED"  # Unpickles to the module-level singleton.
-
-
-REQUIRED = _RequiredMarker()
-"""Default for a param that must be set before `InstantiableParams.Instantiate`."""
 
 
 def _ParamsItems(value: Any) -> list[tuple[str, Params]] | None:
@@ -506,10 +486,10 @@ class Params:
                     "paths of classes in imported modules."
                 ) from None
             current = self.Get(key)
-            ok, value = params_text.Coerce(current, value)
+            ok, value = _Coerce(current, value)
             text_types = self._TextTypes(key)
             if not ok and not isinstance(value, text_types):
-                expected = params_text.ExpectedTypeName(current, text_types)
+                expected = _ExpectedTypeName(current, text_types)
                 raise ValueError(
                     f"FromText line {lineno}: param {key!r} expects {expected}; received "
                     f"{value_text} ({params_text.TypeName(value)})."
@@ -566,6 +546,20 @@ class Params:
         for key, value in self.IterParams():
             Visit(value, prefix + key)
         return paths
+
+
+def _Coerce(current: Any, new: Any) -> tuple[bool, Any]:
+    """params_text.Coerce, and a nested Params, which only None or REQUIRED replaces."""
+    if isinstance(current, Params):
+        return new is None or new is REQUIRED, new
+    return params_text.Coerce(current, new)
+
+
+def _ExpectedTypeName(current: Any, text_types: tuple[type, ...]) -> str:
+    """params_text.ExpectedTypeName, and what a nested Params takes from text."""
+    if isinstance(current, Params) and not text_types:
+        return "a nested Params (set its fields as 'key.field : value', or None)"
+    return params_text.ExpectedTypeName(current, text_types)
 
 
 def _DefinedBase(name: str, default: Any, base: type | None) -> type | None:

@@ -22,6 +22,11 @@ import tensorflow as tf
 
 from lingpipe import asserts, hyperparams
 
+__all__ = [
+    "AllFinite",
+    "DynamicLossScale",
+]
+
 
 def AllFinite(tensors: list) -> tf.Tensor:
     """Whether every tensor (None: skipped) is all finite; each checked on its device."""

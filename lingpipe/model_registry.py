@@ -1,14 +1,14 @@
 """The model registry: named model params classes, looked up by key as Lingvo does.
 
-A model params class lives in a module of the top-level `params` package, one module
-per model family, and registers itself with a decorator:
+A model params class lives in a module of a `params` package, one module per model
+family, and registers itself with a decorator:
 
-    # params/lm.py
+    # lingpipe/params/lm.py
     @model_registry.RegisterSingleTaskModel
     class TransformerLmTiny(base_model_params.SingleTaskModelParams):
       ...
 
-Its key is the module path after 'params.' and the class name: 'lm.TransformerLmTiny'
+Its key is the module path after the package and the class name: 'lm.TransformerLmTiny'
 (a class in params/mt/wmt.py is 'mt.wmt.Foo'). `GetParams(key, dataset)` imports the
 family's module on demand, so the trainer needs no list of imports:
 
@@ -16,20 +16,19 @@ family's module on demand, so the trainer needs no list of imports:
     p.input                       # the input params of the class's Train()
     task = p.Instantiate()
 
-Your own models: write a `params` package of your own (a folder `params/` with an
-`__init__.py` and one module per family, e.g. `params/mymodels.py` registering
-`MyLm`, key 'mymodels.MyLm') in the directory you run `python -m lingpipe.trainer`
-from, or in a directory on PYTHONPATH (the `lingpipe-trainer` command does not
-search the working directory, as Python never does for installed commands).
-Python imports the first `params` on sys.path, so yours hides the installed one;
-the registry then puts lingpipe's own `params` directory (installed beside the
-`lingpipe` package) first on the package's `__path__`. So lingpipe's families
-always resolve and cannot be replaced, yours resolve after them, and your modules
-may import ours (`from params import lm`) to derive from them. A family module of
-yours named like one of ours (`params/lm.py`) is an error that names both files.
+lingpipe's own families are the package `lingpipe.params`. Your own models: write a
+top-level `params` package (a folder `params/` with an `__init__.py` and one module per
+family, e.g. `params/mymodels.py` registering `MyLm`, key 'mymodels.MyLm') in the
+directory you run `python -m lingpipe.trainer` from, or in a directory on PYTHONPATH
+(the `lingpipe-trainer` command does not search the working directory, as Python never
+does for installed commands). Both packages are searched, lingpipe's first, so
+lingpipe's families always resolve and cannot be replaced, yours resolve beside them,
+and your modules may import ours (`from lingpipe.params import lm`) to derive from
+them. A family module of yours named like one of ours (an `lm` module) is an error
+that names both files.
 
 Errors name what was asked for and what exists: an unknown key lists close matches
-and the family's registered keys, an unknown family the modules of `params`, an
+and the family's registered keys, an unknown family the modules of both packages, an
 unknown dataset the class's datasets.
 """
 
@@ -41,11 +40,15 @@ import os
 import pkgutil
 import types
 
-import lingpipe
 from lingpipe import hyperparams
 from lingpipe.models import base_model_params
 
-_PACKAGE = "params"
+__all__ = ["GetClass", "GetParams", "ListKeys", "RegisterSingleTaskModel"]
+
+# Where families live, searched in this order: lingpipe's own, then a user's own.
+_BUILTIN = "lingpipe.params"
+_USER = "params"
+_PACKAGES = (_BUILTIN, _USER)
 
 # Registered classes by key, e.g. {'lm.TransformerLmTiny': TransformerLmTiny}.
 _MODELS: dict[str, type] = {}
@@ -58,13 +61,15 @@ def _Family(key: str) -> str:
 
 def _KeyOf(cls: type) -> str:
     module = cls.__module__
-    if not module.startswith(_PACKAGE + "."):
-        raise ValueError(
-            f"RegisterSingleTaskModel: {cls.__name__} is defined in module {module!r}; "
-            f"registered model params must live in a module of the top-level "
-            f"{_PACKAGE!r} package (e.g. {_PACKAGE}/lm.py, key 'lm.{cls.__name__}')"
-        )
-    return f"{module[len(_PACKAGE) + 1 :]}.{cls.__name__}"
+    for package in _PACKAGES:
+        if module.startswith(package + "."):
+            return f"{module[len(package) + 1 :]}.{cls.__name__}"
+    raise ValueError(
+        f"RegisterSingleTaskModel: {cls.__name__} is defined in module {module!r}; "
+        f"registered model params must live in a module of lingpipe.params or of a "
+        f"top-level {_USER!r} package (e.g. {_USER}/mymodels.py, key "
+        f"'mymodels.{cls.__name__}')"
+    )
 
 
 def RegisterSingleTaskModel(cls: type) -> type:
@@ -75,7 +80,7 @@ def RegisterSingleTaskModel(cls: type) -> type:
 
     Raises:
       TypeError: `cls` is not a SingleTaskModelParams subclass.
-      ValueError: `cls` is not in a module under `params`, or its key is taken.
+      ValueError: `cls` is not in a module of a `params` package, or its key is taken.
     """
     if not (isinstance(cls, type) and issubclass(cls, base_model_params.SingleTaskModelParams)):
         raise TypeError(
@@ -93,62 +98,58 @@ def RegisterSingleTaskModel(cls: type) -> type:
     return cls
 
 
-def _BuiltinDir() -> str:
-    """lingpipe's own `params` directory: installed beside the `lingpipe` package."""
-    return os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(lingpipe.__file__))), _PACKAGE
-    )
+def _Packages() -> list[types.ModuleType]:
+    """lingpipe.params, and a user's top-level `params` package when Python finds one."""
+    found = [importlib.import_module(_BUILTIN)]
+    try:
+        found.append(importlib.import_module(_USER))
+    except ModuleNotFoundError as e:
+        if e.name != _USER:  # A missing import inside the user's package is its error.
+            raise
+    return found
 
 
-def _Package() -> types.ModuleType:
-    """The `params` package, with lingpipe's own directory first on its path.
-
-    Whichever `params` Python imported (a user's in the working directory hides the
-    installed one), lingpipe's families are then found, and found first.
-    """
-    package = importlib.import_module(_PACKAGE)
-    builtin = _BuiltinDir()
-    path = package.__path__
-    if not any(os.path.realpath(d) == os.path.realpath(builtin) for d in path):
-        if isinstance(path, list):
-            path.insert(0, builtin)
-        else:  # A namespace package's path, which Python may recompute: make it fixed.
-            package.__path__ = [builtin, *path]
-    return package
-
-
-def _CheckDefinedOnce(family: str, package: types.ModuleType) -> None:
-    """Raises if the family's top module is in two directories of the package's path."""
-    top = family.split(".")[0]
-    found, seen = [], set()
+def _FamilyFile(top: str, package: types.ModuleType) -> str | None:
+    """The file or folder of module `top` in `package`'s directories, if any."""
     for directory in package.__path__:
-        if os.path.realpath(directory) in seen:  # The same folder listed twice.
-            continue
-        seen.add(os.path.realpath(directory))
         for candidate in (os.path.join(directory, f"{top}.py"), os.path.join(directory, top)):
             if os.path.isfile(candidate) or os.path.isfile(os.path.join(candidate, "__init__.py")):
-                found.append(candidate)
-                break
-    if len(found) > 1:
+                return candidate
+    return None
+
+
+def _PackageOf(family: str) -> str | None:
+    """The package whose module holds `family` ('lm', 'mt.wmt'); None if neither does.
+
+    Raises:
+      ValueError: the family's top module is in both packages.
+    """
+    top = family.split(".")[0]
+    found = [(p.__name__, _FamilyFile(top, p)) for p in _Packages()]
+    found = [(name, path) for name, path in found if path is not None]
+    if len(found) > 1 and os.path.realpath(found[0][1]) != os.path.realpath(found[1][1]):
         raise ValueError(
-            f"Model family {top!r} is defined twice: {found[0]} and {found[1]}; only the first "
-            "is read, so rename the other module (a family's keys are '<module>.<ClassName>')"
+            f"Model family {top!r} is defined twice: {found[0][1]} and {found[1][1]}; only "
+            "the first is read, so rename the other module (a family's keys are "
+            "'<module>.<ClassName>')"
         )
+    return found[0][0] if found else None
 
 
 def _FamilyModules() -> list[str]:
-    """Names of the families in the `params` package: its modules, 'lm', 'mt.wmt', ..."""
-    package = _Package()
-    return sorted(
-        info.name[len(_PACKAGE) + 1 :]
-        for info in pkgutil.walk_packages(package.__path__, prefix=_PACKAGE + ".")
-    )
+    """Names of the families in both packages: their modules, 'lm', 'mt.wmt', ..."""
+    names = set()
+    for package in _Packages():
+        prefix = package.__name__ + "."
+        for info in pkgutil.walk_packages(package.__path__, prefix=prefix):
+            names.add(info.name[len(prefix) :])
+    return sorted(names)
 
 
 def _ImportFamily(family: str, key: str | None = None) -> None:
-    """Imports params.<family>, which registers its classes."""
-    module = f"{_PACKAGE}.{family}"
-    _CheckDefinedOnce(family, _Package())
+    """Imports <package>.<family>, which registers its classes."""
+    package = _PackageOf(family) or _BUILTIN
+    module = f"{package}.{family}"
     try:
         importlib.import_module(module)
     except ModuleNotFoundError as e:
@@ -161,17 +162,18 @@ def _ImportFamily(family: str, key: str | None = None) -> None:
         close = difflib.get_close_matches(family, known)
         hint = f" Did you mean: {close}?" if close else ""
         raise ValueError(
-            f"Unknown model family {family!r}{asked}: there is no module {module}.{hint} "
-            f"Known families: {known}{_UnsearchedHint()}"
+            f"Unknown model family {family!r}{asked}: there is no module "
+            f"{_BUILTIN}.{family} or {_USER}.{family}.{hint} Known families: "
+            f"{known}{_UnsearchedHint()}"
         ) from None
 
 
 def _UnsearchedHint() -> str:
     """A note when the working directory has a `params/` that is not searched."""
-    local = os.path.realpath(_PACKAGE)
+    local = os.path.realpath(_USER)
     if not os.path.isdir(local):
         return ""
-    if any(os.path.realpath(d) == local for d in _Package().__path__):
+    if any(os.path.realpath(d) == local for p in _Packages() for d in p.__path__):
         return ""
     return (
         f". {local} is not searched: run python -m lingpipe.trainer from "
@@ -209,7 +211,7 @@ def GetClass(key: str) -> type:
 
 
 def ListKeys(family: str | None = None) -> list[str]:
-    """Sorted registered keys, of one family or (importing every module of `params`) of all."""
+    """Sorted registered keys, of one family or (importing every family module) of all."""
     for name in [family] if family is not None else _FamilyModules():
         _ImportFamily(name)
     return sorted(k for k in _MODELS if family is None or _Family(k) == family)

@@ -25,6 +25,10 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+__all__ = [
+    "NestedMap",
+]
+
 _KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # One part of a dotted key: a name followed by any number of list indices, as
 # `FlattenItems` writes them (`a.b[1][0].c`).

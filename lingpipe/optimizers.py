@@ -33,6 +33,14 @@ import tensorflow as tf
 
 from lingpipe import hyperparams
 
+__all__ = [
+    "Adafactor",
+    "Adam",
+    "BaseOptimizer",
+    "Momentum",
+    "SGD",
+]
+
 
 def _CheckReal(
     value: object, name: str, where: str, interval: str, inside: Callable[[float], bool]

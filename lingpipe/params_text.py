@@ -8,7 +8,7 @@ is written as:
   * `inf`, `-inf`, `nan` for non-finite floats.
   * `tf.<name>` for a `tf.DType`, e.g. `tf.float32`.
   * the bare dotted path `module.Class` for a class.
-  * the bare word `REQUIRED` for `hyperparams.REQUIRED`.
+  * the bare word `REQUIRED` for `REQUIRED`, the marker of a param that must be set.
   * `<...>` for anything else: a description that cannot be read back.
 
 Reading never evaluates text and never imports what text names: literals go through
@@ -33,9 +33,23 @@ import sys
 import tokenize
 from typing import Any
 
-# `hyperparams` imports this module too. Both refer to each other only inside
-# functions, so either may be imported first.
-from lingpipe import hyperparams
+__all__ = [
+    "BASE_CLASS_PATHS",
+    "ClassError",
+    "ClassName",
+    "Coerce",
+    "ExpectedBase",
+    "ExpectedTypeName",
+    "IsDType",
+    "NotLiteralError",
+    "OpaqueText",
+    "ParseValue",
+    "REQUIRED",
+    "SplitLine",
+    "TextOf",
+    "TypeName",
+    "ValueText",
+]
 
 _LINE_RE = re.compile(
     r"^(?P<key>[a-z][a-z0-9_]*(?:\[\d+\])*(?:\.[a-z][a-z0-9_]*(?:\[\d+\])*)*)"
@@ -56,8 +70,42 @@ BASE_CLASS_PATHS = (
 )
 
 
+# Modules that moved, by their previous path, so that a params file written before the
+# move still reads (for one release), e.g. a learning-rate schedule's `cls`.
+_MOVED_MODULES = {"lingpipe.schedules": "lingpipe.lr_schedules"}  # relayout: keep
+
+
 class NotLiteralError(ValueError):
     """`ParseValue` was given text that is none of the accepted value forms."""
+
+
+class _RequiredMarker:
+    """Type of `REQUIRED`; there is exactly one instance."""
+
+    _instance: _RequiredMarker | None = None
+
+    def __new__(cls) -> _RequiredMarker:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+    def __copy__(self) -> _RequiredMarker:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> _RequiredMarker:
+        return self
+
+    def __reduce__(self) -> str:
+        return "REQUIRED"  # Unpickles to the module-level singleton.
+
+
+# Defined here, below `hyperparams` (which exports it as hyperparams.REQUIRED), because
+# it is one of the text format's values: this module imports nothing of lingpipe's.
+REQUIRED = _RequiredMarker()
+"""Default for a param that must be set before `InstantiableParams.Instantiate`."""
 
 
 # ---- value -> text ---------------------------------------------------------------
@@ -71,7 +119,7 @@ def IsDType(value: Any) -> bool:
 
 def ValueText(value: Any) -> str | None:
     """The text `ParseValue` reads back as `value`, or None if there is none."""
-    if value is hyperparams.REQUIRED:
+    if value is REQUIRED:
         return "REQUIRED"
     if IsDType(value):
         return f"tf.{value.name}"
@@ -100,7 +148,7 @@ def TextOf(value: Any) -> str:
 
 def TypeName(value: Any) -> str:
     """The short type name that `ToText(include_types=True)` and errors show."""
-    if value is hyperparams.REQUIRED:
+    if value is REQUIRED:
         return "REQUIRED"
     if IsDType(value):
         return "tf.DType"
@@ -173,7 +221,7 @@ def ParseValue(text: str) -> Any:
         dtype TensorFlow does not know, or a class that is not in an imported module.
     """
     if text == "REQUIRED":
-        return hyperparams.REQUIRED
+        return REQUIRED
     if text in _NON_FINITE:
         return _NON_FINITE[text]
     match = _DTYPE_RE.match(text)
@@ -185,6 +233,9 @@ def ParseValue(text: str) -> Any:
             raise NotLiteralError(f"{text!r} is not a TensorFlow dtype") from e
     if _CLASS_PATH_RE.match(text):
         cls = _ResolveClass(text)
+        for before, after in _MOVED_MODULES.items():
+            if cls is None and text.startswith(before + "."):
+                cls = _ResolveClass(after + text[len(before) :])
         if cls is None:
             raise NotLiteralError(f"{text!r} does not name a class in an imported module")
         return cls
@@ -199,10 +250,10 @@ def Coerce(current: Any, new: Any) -> tuple[bool, Any]:
 
     Returns (ok, value to store). Only clear mismatches fail: None and REQUIRED fit
     anything, an int fits a float param (stored as float), a list fits a tuple
-    param and vice versa (stored as the current container type).
+    param and vice versa (stored as the current container type). A nested Params is
+    not a value of this format: `Params.FromText` checks that case itself.
     """
-    required = hyperparams.REQUIRED
-    if new is None or new is required or current is None or current is required:
+    if new is None or new is REQUIRED or current is None or current is REQUIRED:
         return True, new
     if isinstance(current, bool):
         return isinstance(new, bool), new
@@ -216,8 +267,6 @@ def Coerce(current: Any, new: Any) -> tuple[bool, Any]:
         if not isinstance(new, (list, tuple)):
             return False, new
         return True, type(current)(new) if type(current) in (list, tuple) else new
-    if isinstance(current, hyperparams.Params):
-        return False, new  # Only None replaces a nested Params from text.
     for kind in ((str,), (bytes,), (dict,), (set, frozenset), (type,)):
         if isinstance(current, kind):
             return isinstance(new, kind), new
@@ -273,8 +322,6 @@ def ExpectedTypeName(current: Any, text_types: tuple[type, ...] = ()) -> str:
     if text_types:
         names = [t.__name__ for t in text_types]
         return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-    if isinstance(current, hyperparams.Params):
-        return "a nested Params (set its fields as 'key.field : value', or None)"
     if isinstance(current, (list, tuple)):
         return "list or tuple"
     if isinstance(current, float):

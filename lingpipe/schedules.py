@@ -16,6 +16,13 @@ import tensorflow as tf
 
 from lingpipe import hyperparams
 
+__all__ = [
+    "BaseSchedule",
+    "Constant",
+    "Cosine",
+    "LinearWarmupRsqrt",
+]
+
 
 def _CheckSteps(value: object, name: str, where: str, allow_zero: bool = False) -> None:
     """Raises ValueError unless `value` is an int > 0 (>= 0 with allow_zero)."""

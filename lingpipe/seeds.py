@@ -21,6 +21,14 @@ from collections.abc import Iterator
 
 import tensorflow as tf
 
+__all__ = [
+    "BaseSeed",
+    "CurrentScopeValues",
+    "RestoreScopeValues",
+    "StatelessSeed",
+    "StepSeedScope",
+]
+
 _state = threading.local()
 
 

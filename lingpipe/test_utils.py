@@ -10,6 +10,22 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+__all__ = [
+    "ATOL",
+    "AssertAllClose",
+    "AssertAllCloseToScale",
+    "AssertEagerEqualsFunction",
+    "AssertGradientsExist",
+    "CheckpointRoundTrip",
+    "CountVariables",
+    "DeviceOrder",
+    "GradientsOf",
+    "RTOL",
+    "RunEagerAndFunction",
+    "SeedFor",
+    "SetSeeds",
+]
+
 # "The same" means equal to float32 rounding: relative 1e-5, absolute 1e-6 near zero.
 RTOL = 1e-5
 ATOL = 1e-6

@@ -24,6 +24,14 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
+__all__ = [
+    "BANNER",
+    "FilterBanner",
+    "ImportTensorFlow",
+    "NOISE",
+    "QuietPythonWarnings",
+]
+
 # Lines of TensorFlow's import banner (each a whole line of stderr).
 BANNER = (
     re.compile(r"WARNING: All log messages before absl::InitializeLog\(\) is called are written"),

@@ -32,6 +32,16 @@ from typing import Any, TypeVar
 import numpy as np
 import tensorflow as tf
 
+__all__ = [
+    "AssignToStage",
+    "BuildTpuStrategy",
+    "ComputeDeviceAssignment",
+    "ConnectTpu",
+    "DescribeAssignment",
+    "StageCore",
+    "StageCores",
+]
+
 _T = TypeVar("_T")
 
 # Masters that mean "the TPU is attached to this VM": nothing to probe over the network.

@@ -27,7 +27,14 @@ import signal
 import sys
 import threading
 
-PROG = "lingpipe.worker"
+__all__ = [
+    "ReadTask",
+    "Run",
+    "WorkerError",
+    "main",
+]
+
+_PROG = "lingpipe.worker"
 _EXAMPLE = (
     'TF_CONFIG=\'{"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222"]}, '
     '"task": {"type": "worker", "index": 0}}\''
@@ -70,14 +77,14 @@ def ReadTask(raw: str | None) -> tuple[dict, str, int]:
     return cluster, task_type, index
 
 
-def OfferedDevices(task_type: str, index: int, num_cpus: int, num_gpus: int) -> list[str]:
+def _OfferedDevices(task_type: str, index: int, num_cpus: int, num_gpus: int) -> list[str]:
     """Full names of the devices the server offers, accelerators first."""
     prefix = f"/job:{task_type}/replica:0/task:{index}"
     gpus = [f"{prefix}/device:GPU:{i}" for i in range(num_gpus)]
     return gpus + [f"{prefix}/device:CPU:{i}" for i in range(num_cpus)]
 
 
-def StartServer(cluster: dict, task_type: str, index: int, logical_devices: int):
+def _StartServer(cluster: dict, task_type: str, index: int, logical_devices: int):
     """Starts the task's `tf.distribute.Server`; returns (server, offered device names)."""
     import tensorflow as tf
 
@@ -92,10 +99,10 @@ def StartServer(cluster: dict, task_type: str, index: int, logical_devices: int)
         config=config,
         start=True,
     )
-    return server, OfferedDevices(task_type, index, num_cpus, num_gpus)
+    return server, _OfferedDevices(task_type, index, num_cpus, num_gpus)
 
 
-def WaitForStop() -> str:
+def _WaitForStop() -> str:
     """Blocks until SIGTERM or SIGINT; returns the signal's name."""
     received: list[str] = []
     done = threading.Event()
@@ -114,7 +121,7 @@ def WaitForStop() -> str:
 
 
 def _Flags(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=_PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--logical_devices",
         type=int,
@@ -135,26 +142,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster, task_type, index = ReadTask(os.environ.get("TF_CONFIG"))
     except WorkerError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{_PROG}: error: {e}", file=sys.stderr)
         return 2
     address = cluster[task_type][index]
     from lingpipe import tf_logs
 
     tf_logs.ImportTensorFlow()  # no banner; C++ INFO lines (session options) off
     try:
-        _, devices = StartServer(cluster, task_type, index, flags.logical_devices)
+        _, devices = _StartServer(cluster, task_type, index, flags.logical_devices)
     except Exception as e:  # noqa: BLE001 - TensorFlow raises several kinds here
         reason = " ".join(str(e).split())[:300]
         print(
-            f"{PROG}: error: cannot serve {address}: {type(e).__name__}: {reason}", file=sys.stderr
+            f"{_PROG}: error: cannot serve {address}: {type(e).__name__}: {reason}", file=sys.stderr
         )
         return 1
-    print(f"{PROG}: serving {task_type} {index} at {address} with {len(devices)} device(s):")
+    print(f"{_PROG}: serving {task_type} {index} at {address} with {len(devices)} device(s):")
     for d in devices:
         print(f"  {d}")
-    print(f"{PROG}: ready", flush=True)
-    name = WaitForStop()
-    print(f"{PROG}: stopped by {name}", flush=True)
+    print(f"{_PROG}: ready", flush=True)
+    name = _WaitForStop()
+    print(f"{_PROG}: stopped by {name}", flush=True)
     # The server has no clean shutdown; its threads would keep a normal exit waiting.
     os._exit(0)
 

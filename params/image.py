@@ -6,6 +6,12 @@ from lingpipe import hyperparams, model_registry, optimizers, schedules
 from lingpipe.inputs import image as image_input
 from lingpipe.models import base_model_params, image
 
+__all__ = [
+    "AmoebaNetDigitsTiny",
+    "AmoebaNetImageNetGPipe",
+    "DigitsData",
+]
+
 
 class DigitsData(base_model_params.SingleTaskModelParams):
     """The UCI 8x8 digits: batches of 32 to train, each eval split in one batch."""

@@ -8,6 +8,10 @@ from lingpipe.layers import keras_cell, linear
 from lingpipe.models import keras_classifier
 from params import image as image_params
 
+__all__ = [
+    "KerasMlp",
+]
+
 
 @model_registry.RegisterSingleTaskModel
 class KerasMlp(image_params.DigitsData):

@@ -6,6 +6,11 @@ from lingpipe import hyperparams, model_registry, optimizers, schedules
 from lingpipe.inputs import text_lm
 from lingpipe.models import base_model_params, lm
 
+__all__ = [
+    "TransformerLmGPipe",
+    "TransformerLmTiny",
+]
+
 
 @model_registry.RegisterSingleTaskModel
 class TransformerLmTiny(base_model_params.SingleTaskModelParams):

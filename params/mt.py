@@ -6,6 +6,11 @@ from lingpipe import hyperparams, model_registry, optimizers, schedules
 from lingpipe.inputs import seq2seq
 from lingpipe.models import base_model_params, mt
 
+__all__ = [
+    "TransformerEncDecGPipe",
+    "TransformerEncDecTiny",
+]
+
 
 @model_registry.RegisterSingleTaskModel
 class TransformerEncDecTiny(base_model_params.SingleTaskModelParams):

@@ -9,7 +9,6 @@ import subprocess  # noqa: F401  Imported, so that text may name subprocess.Pope
 import pytest
 import tensorflow as tf
 
-from lingpipe import hyperparams
 from lingpipe.hyperparams import REQUIRED, InstantiableParams, Params
 
 
@@ -361,7 +360,7 @@ def test_str_is_nested_and_indented():
 
 def test_required_marker():
     assert repr(REQUIRED) == "REQUIRED"
-    assert hyperparams._RequiredMarker() is REQUIRED
+    assert type(REQUIRED)() is REQUIRED  # One instance, wherever it is made.
     assert copy.deepcopy(REQUIRED) is REQUIRED
     assert pickle.loads(pickle.dumps(REQUIRED)) is REQUIRED
 

@@ -7,8 +7,7 @@ import types
 
 import pytest
 
-import params
-from lingpipe import model_registry
+from lingpipe import model_registry, params
 from lingpipe.models import base_model_params
 
 FAMILY_DIR = os.path.join(os.path.dirname(__file__), "registry_params")
@@ -21,12 +20,17 @@ TINY_KEYS = [
 
 
 def _ParamsModules() -> dict:
-    return {k: v for k, v in sys.modules.items() if k == "params" or k.startswith("params.")}
+    """Every imported module of lingpipe.params and of a top-level `params` package."""
+    return {
+        k: v
+        for k, v in sys.modules.items()
+        if k in ("params", "lingpipe.params") or k.startswith(("params.", "lingpipe.params."))
+    }
 
 
 @pytest.fixture(autouse=True)
 def _registry(monkeypatch):
-    """An empty registry, and tests/registry_params/ as part of the `params` package.
+    """An empty registry, and tests/registry_params/ as part of lingpipe.params.
 
     Family modules imported here register into this empty registry only, so they are
     forgotten afterwards: a later test importing them again registers their classes.
@@ -38,7 +42,8 @@ def _registry(monkeypatch):
     for name in _ParamsModules():
         if name not in saved:
             del sys.modules[name]
-            params.__dict__.pop(name.split(".")[1], None)
+            if name.startswith("lingpipe.params."):
+                params.__dict__.pop(name.split(".")[2], None)
     sys.modules.update(saved)
 
 
@@ -47,10 +52,10 @@ def _ClassIn(module: str, name: str) -> type:
 
 
 def test_get_params_imports_the_family_and_sets_the_train_input():
-    assert "params.testfam" not in sys.modules
+    assert "lingpipe.params.testfam" not in sys.modules
     p = model_registry.GetParams("testfam.TinyModel", "Train")
-    assert "params.testfam" in sys.modules
-    testfam = sys.modules["params.testfam"]
+    assert "lingpipe.params.testfam" in sys.modules
+    testfam = sys.modules["lingpipe.params.testfam"]
     assert p.cls is testfam.FakeTask
     assert p.model_dims == 32
     assert p.input.cls is testfam.FakeInput
@@ -81,7 +86,7 @@ def test_each_call_gives_fresh_params():
 
 def test_get_class_and_list_keys():
     cls = model_registry.GetClass("testfam.TinyModel")
-    assert cls is sys.modules["params.testfam"].TinyModel
+    assert cls is sys.modules["lingpipe.params.testfam"].TinyModel
     assert model_registry.ListKeys("testfam") == TINY_KEYS
     assert set(TINY_KEYS) <= set(model_registry.ListKeys())
 
@@ -106,7 +111,7 @@ def test_unknown_family():
     message = str(e.value)
     assert message.startswith(
         "Unknown model family 'nofam' in model 'nofam.TinyModel': there is no module "
-        "params.nofam. Known families: ["
+        "lingpipe.params.nofam or params.nofam. Known families: ["
     )
     assert "'testfam'" in message
 
@@ -115,8 +120,8 @@ def test_unknown_family_suggests_close_families():
     with pytest.raises(ValueError) as e:
         model_registry.ListKeys("testfan")
     assert str(e.value).startswith(
-        "Unknown model family 'testfan': there is no module params.testfan. "
-        "Did you mean: ['testfam']? Known families: ["
+        "Unknown model family 'testfan': there is no module lingpipe.params.testfan or "
+        "params.testfan. Did you mean: ['testfam']? Known families: ["
     )
 
 
@@ -179,9 +184,16 @@ def test_only_classes_under_params_register():
         model_registry.RegisterSingleTaskModel(_ClassIn("my_models", "Outside"))
     assert str(e.value) == (
         "RegisterSingleTaskModel: Outside is defined in module 'my_models'; registered "
-        "model params must live in a module of the top-level 'params' package "
-        "(e.g. params/lm.py, key 'lm.Outside')"
+        "model params must live in a module of lingpipe.params or of a top-level 'params' "
+        "package (e.g. params/mymodels.py, key 'mymodels.Outside')"
     )
+
+
+def test_lingpipe_params_and_a_users_params_give_the_same_keys():
+    ours = model_registry.RegisterSingleTaskModel(_ClassIn("lingpipe.params.ourfam", "A"))
+    theirs = model_registry.RegisterSingleTaskModel(_ClassIn("params.theirfam", "B"))
+    assert model_registry.GetClass("ourfam.A") is ours
+    assert model_registry.GetClass("theirfam.B") is theirs
 
 
 def test_only_single_task_model_params_register():
@@ -202,7 +214,7 @@ def test_train_and_task_must_be_defined():
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_FAMILY = """
 from lingpipe import model_registry
-from params import lm
+from lingpipe.params import lm
 
 
 @model_registry.RegisterSingleTaskModel
@@ -229,7 +241,8 @@ def shadowed_params(tmp_path):
     The autouse fixture puts the real package and its modules back afterwards.
     """
     for name in _ParamsModules():
-        del sys.modules[name]
+        if name == "params" or name.startswith("params."):
+            del sys.modules[name]
 
     def Shadow(**modules):
         package = types.ModuleType("params")
@@ -245,7 +258,8 @@ def test_a_users_params_package_adds_to_the_built_in_families(shadowed_params):
     keys = model_registry.ListKeys()
     assert {"lm.TransformerLmTiny", "userfam.MyLm", "mt.TransformerEncDecTiny"} <= set(keys)
     assert model_registry.GetParams("userfam.MyLm", "Train").model_dims == 32
-    assert package.__path__[0] == os.path.join(REPO, "params")  # Ours first: never hidden.
+    assert model_registry.GetClass("lm.TransformerLmTiny").__module__ == "lingpipe.params.lm"
+    assert len(package.__path__) == 1  # Ours are not added to theirs.
 
 
 def test_a_user_family_named_like_a_built_in_one_is_an_error(shadowed_params):
@@ -254,7 +268,7 @@ def test_a_user_family_named_like_a_built_in_one_is_an_error(shadowed_params):
         model_registry.GetClass("lm.TransformerLmTiny")
     assert str(e.value) == (
         "Model family 'lm' is defined twice: "
-        f"{os.path.join(REPO, 'params', 'lm.py')} and "
+        f"{os.path.join(REPO, 'lingpipe', 'params', 'lm.py')} and "
         f"{os.path.join(package.__path__[-1], 'lm.py')}; only the first is read, so rename "
         "the other module (a family's keys are '<module>.<ClassName>')"
     )
@@ -265,13 +279,12 @@ def test_the_trainer_finds_built_in_and_user_models_beside_a_users_params(tmp_pa
 
     `python -c` puts the working directory first on sys.path, as `python -m` does; the
     script drops the editable install's finder and puts a copy of the installed layout
-    (`lingpipe/` beside `params/`) behind it, so the user's package hides ours.
+    (`lingpipe/`, which holds lingpipe.params) behind it, beside the user's `params`.
     """
     _UserParams(tmp_path, mine=USER_FAMILY)
     site = tmp_path / "site"
     site.mkdir()
-    for name in ("lingpipe", "params"):
-        os.symlink(os.path.join(REPO, name), site / name)
+    os.symlink(os.path.join(REPO, "lingpipe"), site / "lingpipe")
     script = (
         "import sys; site = sys.argv.pop(1); "
         "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in str(f)]; "
@@ -290,7 +303,7 @@ def test_the_trainer_finds_built_in_and_user_models_beside_a_users_params(tmp_pa
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "params.lm"
+    assert lines[0] == "lingpipe.params.lm"
     assert "cls : lingpipe.models.lm.TransformerLm" in lines
     assert "model_dims : 32" in lines
 

@@ -90,15 +90,22 @@ def test_coerce():
     assert params_text.Coerce((1, 2), [3]) == (True, (3,))
     assert params_text.Coerce(1, True) == (False, True)
     assert params_text.Coerce("s", REQUIRED) == (True, REQUIRED)
-    assert params_text.Coerce(Params(), None) == (True, None)
-    assert params_text.Coerce(Params(), 3) == (False, 3)
     assert params_text.Coerce(tf.float32, "float32") == (False, "float32")
     assert params_text.ExpectedTypeName(1.0) == "float (or int)"
-    assert params_text.ExpectedTypeName(Params()).startswith("a nested Params")
+
+
+def test_a_nested_params_takes_only_none_from_text():
+    # The format knows no Params (params_text imports nothing of lingpipe's): FromText
+    # checks a nested Params itself.
+    p = Params()
+    p.Define("child", Params(), "A nested Params.")
+    with pytest.raises(ValueError, match=r"param 'child' expects a nested Params \(set its"):
+        p.FromText("child : 3")
+    assert p.FromText("child : None").child is None
 
 
 def test_either_module_can_be_imported_first():
-    # The two modules import each other; neither order may fail.
+    # params_text is below hyperparams (it imports nothing of lingpipe's); either order works.
     for first in ("lingpipe.params_text", "lingpipe.hyperparams"):
         code = f"import {first}; from lingpipe import hyperparams; hyperparams.Params().ToText()"
         subprocess.run([sys.executable, "-c", code], check=True)

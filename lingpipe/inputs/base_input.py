@@ -29,6 +29,11 @@ import tensorflow as tf
 from lingpipe import asserts, hyperparams
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "BaseInputGenerator",
+    "SPLITS",
+]
+
 SPLITS = ("train", "dev", "test")
 
 

@@ -31,6 +31,16 @@ from lingpipe import hyperparams
 from lingpipe.inputs import base_input
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "DIGITS_FILE",
+    "DigitsInput",
+    "IMAGE_SHAPE",
+    "LoadDigits",
+    "NUM_CLASSES",
+    "SplitIndices",
+    "SyntheticImageInput",
+]
+
 NUM_CLASSES = 10
 IMAGE_SHAPE = (8, 8, 1)
 _MAX_PIXEL = 16.0

@@ -27,6 +27,15 @@ from lingpipe import asserts, hyperparams
 from lingpipe.inputs import base_input
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "BOS_ID",
+    "EOS_ID",
+    "FIRST_SYMBOL",
+    "PAD_ID",
+    "Seq2SeqInput",
+    "TASKS",
+]
+
 PAD_ID = 0
 BOS_ID = 1
 EOS_ID = 2

@@ -36,6 +36,19 @@ from lingpipe import asserts, hyperparams
 from lingpipe.inputs import base_input
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "BOS_ID",
+    "BYTE_OFFSET",
+    "BYTE_VOCAB_SIZE",
+    "BuiltInDocuments",
+    "EOS_ID",
+    "FileDocuments",
+    "PAD_ID",
+    "SplitIds",
+    "SplitOf",
+    "TextLmInput",
+]
+
 PAD_ID = 0
 BOS_ID = 1
 EOS_ID = 2

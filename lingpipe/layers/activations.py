@@ -6,6 +6,13 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+__all__ = [
+    "Check",
+    "FlopsPerElement",
+    "GetFn",
+    "NAMES",
+]
+
 _ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
     "NONE": tf.identity,
     "RELU": tf.nn.relu,

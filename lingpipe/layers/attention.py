@@ -12,6 +12,11 @@ from lingpipe import asserts, base_layer, hyperparams
 from lingpipe.layers import dropout
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "LargeNegative",
+    "MultiHeadedAttention",
+]
+
 
 def LargeNegative(dtype: tf.DType) -> float:
     """A logit that softmax turns into an exact 0 without overflowing `dtype` to -inf.

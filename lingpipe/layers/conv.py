@@ -17,6 +17,18 @@ from lingpipe import asserts, base_layer, hyperparams
 from lingpipe.layers import activations
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "CheckInts",
+    "CheckNHWC",
+    "CheckPadding",
+    "Conv2DLayer",
+    "DepthwiseConv2DLayer",
+    "NumElements",
+    "OutputSpatialShape",
+    "PADDINGS",
+    "SeparableConv2DLayer",
+]
+
 PADDINGS = ("SAME", "VALID")
 
 

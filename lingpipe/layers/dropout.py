@@ -20,6 +20,10 @@ import tensorflow as tf
 from lingpipe import base_layer, hyperparams, seeds
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "DropoutLayer",
+]
+
 
 class DropoutLayer(base_layer.BaseLayer):
     """Training: zeroes each element with probability 1 - keep_prob, scales the rest by

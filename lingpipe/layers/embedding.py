@@ -19,6 +19,10 @@ from lingpipe import asserts, base_layer, hyperparams
 from lingpipe.layers import linear
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "EmbeddingLayer",
+]
+
 
 class EmbeddingLayer(base_layer.BaseLayer):
     """Looks up rows of `emb` [vocab_size, embedding_dim] by id.

@@ -10,6 +10,10 @@ from lingpipe import asserts, base_layer, hyperparams
 from lingpipe.layers import activations, linear
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "FeedForwardNet",
+]
+
 
 def _PerLayer(value: Any, name: str, num_layers: int, where: str) -> list[Any]:
     """`value` repeated for each layer, or the list itself once its length is checked."""

@@ -39,6 +39,13 @@ import tensorflow as tf
 from lingpipe import base_layer, hyperparams, seeds
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "KerasCell",
+    "KerasLayers",
+    "LayerConfig",
+    "OutputShape",
+]
+
 
 def LayerConfig(class_name: str, **config: Any) -> dict:
     """The config of a built-in Keras layer, made without building it: for params modules,

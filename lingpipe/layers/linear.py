@@ -15,6 +15,15 @@ from lingpipe import asserts, base_layer, hyperparams
 from lingpipe.layers import activations
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "BiasLayer",
+    "CheckLastDim",
+    "LinearLayer",
+    "MatMulLastDim",
+    "ProjectionLayer",
+    "RowsOf",
+]
+
 
 def MatMulLastDim(inputs: tf.Tensor, w: tf.Tensor, transpose_w: bool = False) -> tf.Tensor:
     """inputs [..., d] times w [d, n] (or w [n, d] with transpose_w) -> [..., n].

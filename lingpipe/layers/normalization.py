@@ -36,6 +36,13 @@ import tensorflow as tf
 from lingpipe import asserts, base_layer, hyperparams
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "BatchNormLayer",
+    "BatchNormStats",
+    "LayerNorm",
+    "SuspendBatchNormUpdates",
+]
+
 _state = threading.local()
 _SUSPENDED = "SuspendBatchNormUpdates"  # Stack entry of SuspendBatchNormUpdates().
 

@@ -14,6 +14,12 @@ from lingpipe import asserts, base_layer, hyperparams
 from lingpipe.layers import conv
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "GlobalPoolingLayer",
+    "POOLING_TYPES",
+    "Pooling2DLayer",
+]
+
 POOLING_TYPES = ("MAX", "AVG")
 
 

@@ -6,6 +6,10 @@ import math
 
 import tensorflow as tf
 
+__all__ = [
+    "Sinusoidal",
+]
+
 
 def Sinusoidal(length: int, dims: int, dtype: tf.DType = tf.float32) -> tf.Tensor:
     """[length, dims]: sin(pos * inv_timescale_i) for dims // 2 timescales from 1 to 1e4,

@@ -21,6 +21,14 @@ import tensorflow as tf
 from lingpipe import asserts, base_layer, hyperparams
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "AsArgs",
+    "ChainMeta",
+    "RepeatLayer",
+    "RunChain",
+    "SequentialLayer",
+]
+
 
 def AsArgs(outputs: Any) -> tuple:
     """The positional arguments that `outputs` becomes for the next child."""

@@ -20,6 +20,12 @@ from lingpipe import asserts, base_layer, hyperparams
 from lingpipe.layers import linear
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "CheckLabelSmoothing",
+    "CrossEntropy",
+    "SimpleFullSoftmax",
+]
+
 # Rough cost of log-softmax plus the cross-entropy, per logit (exp, sum, log, sub, mul-add).
 _XENT_FLOPS_PER_LOGIT = 5
 

@@ -10,6 +10,10 @@ from lingpipe import asserts, base_layer, hyperparams, seeds
 from lingpipe.layers import activations, attention, dropout, linear, normalization
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "TransformerLayer",
+]
+
 
 class TransformerLayer(base_layer.BaseLayer):
     """One pre-norm residual Transformer layer (an encoder layer, or a decoder one).

@@ -27,6 +27,15 @@ from lingpipe import asserts, base_layer, hyperparams
 from lingpipe.layers import conv, linear, normalization, pooling, softmax
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "AmoebaCell",
+    "AmoebaOp",
+    "GENOTYPES",
+    "HeadCell",
+    "OpSteps",
+    "StemCell",
+]
+
 # Per genotype, per cell type: (operations, hidden-state index of each operation's input,
 # used[i] = 1 where hidden state i is left out of the output's concatenation).
 GENOTYPES = {

@@ -27,6 +27,10 @@ from __future__ import annotations
 
 from lingpipe import hyperparams
 
+__all__ = [
+    "SingleTaskModelParams",
+]
+
 # Public upper-case methods that are not datasets.
 _NOT_DATASETS = frozenset({"Task", "Datasets"})
 

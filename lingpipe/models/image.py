@@ -26,6 +26,10 @@ from lingpipe.layers import normalization
 from lingpipe.models import amoeba_cells, base_task
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "AmoebaNetClassifier",
+]
+
 
 class AmoebaNetClassifier(base_task.BaseTask):
     """An AmoebaNet image classifier, as one GPipe pipeline (see the module docstring).

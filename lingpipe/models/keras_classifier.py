@@ -15,6 +15,10 @@ from lingpipe import hyperparams
 from lingpipe.models import base_task
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "PipelinedClassifier",
+]
+
 
 class PipelinedClassifier(base_task.BaseTask):
     """input_batch: images [b, ...] float, labels [b] int; the cells give logits."""

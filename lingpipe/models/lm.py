@@ -46,6 +46,13 @@ from lingpipe.layers import (
 from lingpipe.models import base_task
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "LmEmbeddingCell",
+    "LmSoftmaxCell",
+    "LmTransformerCell",
+    "TransformerLm",
+]
+
 # Log-softmax and cross-entropy per logit, as layers/softmax.py counts them.
 _XENT_FLOPS_PER_LOGIT = 5
 

@@ -29,6 +29,11 @@ from lingpipe.layers import transformer
 from lingpipe.models import base_task, mt_cells
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "ExactMatch",
+    "TransformerEncDec",
+]
+
 
 def ExactMatch(decoded: tf.Tensor, labels: tf.Tensor, weights: tf.Tensor) -> tuple:
     """(fraction of sequences whose decoded tokens equal labels wherever weights > 0,

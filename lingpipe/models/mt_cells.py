@@ -23,6 +23,13 @@ from lingpipe.layers import (
 )
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "DecoderCell",
+    "EmbeddingCell",
+    "EncoderCell",
+    "SoftmaxCell",
+]
+
 
 def _Elements(shape: tf.TensorShape) -> int:
     """Elements of a shape for FLOP counts; unknown dimensions count as 1."""

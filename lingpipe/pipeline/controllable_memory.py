@@ -45,6 +45,11 @@ from lingpipe.pipeline.schedule import (
     ScheduleError,
 )
 
+__all__ = [
+    "ControllableMemory",
+    "NAMES",
+]
+
 NAMES = ("v_half", "v_min")
 _PERIOD = 6  # slots of a micro-batch on a device: F, I and W of each of its two stages
 

@@ -22,6 +22,10 @@ from lingpipe import seeds
 from lingpipe.pipeline import executor, generators, micro_batch, placement, remat, schedule
 from lingpipe.pipeline.stage_context import StageContext
 
+__all__ = [
+    "Driver",
+]
+
 
 def _ReadWhereItLives(x: Any) -> Any:
     """A variable's value, read on its device (a tensor as it is)."""

@@ -63,6 +63,15 @@ from lingpipe.pipeline import gradient_sums, precision, simulate
 from lingpipe.pipeline.schedule import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Schedule
 from lingpipe.pipeline.stage_context import Entered, StageContext
 
+__all__ = [
+    "Backward",
+    "CheckMetrics",
+    "Forward",
+    "Result",
+    "Run",
+    "Stage",
+]
+
 
 @dataclasses.dataclass
 class Stage:

@@ -25,6 +25,20 @@ from lingpipe.pipeline.schedule import (
     ScheduleError,
 )
 
+__all__ = [
+    "BreadthFirst",
+    "DualPipeV",
+    "IsCsvPath",
+    "Make",
+    "OneForwardOneBackward",
+    "Resolve",
+    "SCHEDULES",
+    "VIRTUAL",
+    "VPlacement",
+    "V_SHAPED",
+    "ZBV",
+]
+
 # Names that take num_virtual_stages v > 1 (loop placement); V-shaped ones always have 2.
 VIRTUAL = ("interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "forward_only")
 V_SHAPED = ("zbv", "dualpipev", *controllable_memory.NAMES)

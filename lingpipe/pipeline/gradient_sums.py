@@ -27,6 +27,15 @@ import tensorflow as tf
 
 from lingpipe.pipeline import precision
 
+__all__ = [
+    "Add",
+    "Finished",
+    "Scaled",
+    "Slices",
+    "Summand",
+    "Tensors",
+]
+
 # Ops whose output depends on their input's shape only, not on its values.
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 

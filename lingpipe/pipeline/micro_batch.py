@@ -16,6 +16,19 @@ from typing import Any
 
 import tensorflow as tf
 
+__all__ = [
+    "BatchSize",
+    "Describe",
+    "IsBatched",
+    "Merge",
+    "MergeGradients",
+    "PadToMicroBatches",
+    "Size",
+    "Sizes",
+    "Split",
+    "SplitLike",
+]
+
 Size = int | tf.Tensor  # a static size, or a scalar int32 tensor known at run time
 
 

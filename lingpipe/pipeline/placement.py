@@ -23,6 +23,12 @@ from typing import Any
 
 import tensorflow as tf
 
+__all__ = [
+    "Annotate",
+    "LogicalCores",
+    "StageAnnotator",
+]
+
 _ACTIVE = threading.local()
 
 

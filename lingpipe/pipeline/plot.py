@@ -25,6 +25,12 @@ from lingpipe.pipeline.schedule import (
     Schedule,
 )
 
+__all__ = [
+    "KINDS",
+    "PlotSimulation",
+    "PlotSpans",
+]
+
 # Per kind of action: its bars' colour and its name in the legend.
 KINDS = {
     FORWARD: ("#4c78a8", "forward"),  # blue
@@ -34,12 +40,12 @@ KINDS = {
 }
 
 # A bar: (device, start, end, action), times in the chart's unit.
-Bar = tuple[int, float, float, Action]
+_Bar = tuple[int, float, float, Action]
 _BAR_STYLE = {"height": 0.8, "edgecolor": "white", "linewidth": 0.5}
 _TEXT_STYLE = {"ha": "center", "va": "center", "fontsize": 7, "color": "white"}
 
 
-def _Figure(sched: Schedule, bars: Sequence[Bar], unit: str, title: str) -> Any:
+def _Figure(sched: Schedule, bars: Sequence[_Bar], unit: str, title: str) -> Any:
     """The Gantt chart of `bars`: device 0 on top."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch

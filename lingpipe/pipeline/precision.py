@@ -13,6 +13,14 @@ from typing import Any
 
 import tensorflow as tf
 
+__all__ = [
+    "COMPUTE_DTYPES",
+    "ComputeDtype",
+    "ForAccumulation",
+    "IsNarrow",
+    "Scale",
+]
+
 # What --precision and the task's params accept, by name.
 COMPUTE_DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16, "float16": tf.float16}
 

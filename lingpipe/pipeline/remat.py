@@ -11,6 +11,14 @@ from collections.abc import Sequence
 
 from lingpipe.pipeline.schedule import BACKWARD, BACKWARD_INPUT, FORWARD, Schedule
 
+__all__ = [
+    "Kept",
+    "POLICIES",
+    "PerStage",
+    "Remat",
+    "Text",
+]
+
 POLICIES = ("always", "except_last", "never")
 
 Remat = str | Sequence[str]  # a policy, or one per stage

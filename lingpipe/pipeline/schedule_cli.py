@@ -17,6 +17,10 @@ import sys
 from lingpipe.pipeline import generators, simulate
 from lingpipe.pipeline.schedule import FromCsvFile, ScheduleError
 
+__all__ = [
+    "main",
+]
+
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the command on `argv` (default sys.argv); returns the exit status."""

@@ -22,7 +22,7 @@ import collections
 import dataclasses
 import itertools
 
-from lingpipe.pipeline.schedule import (
+from lingpipe.pipeline.actions import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,

@@ -11,6 +11,11 @@ import tensorflow as tf
 
 from lingpipe import base_layer, seeds
 
+__all__ = [
+    "Entered",
+    "StageContext",
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class StageContext:

@@ -29,6 +29,10 @@ from typing import Any
 
 import tensorflow as tf
 
+__all__ = [
+    "Compiled",
+]
+
 
 def _Read(x: Any) -> Any:
     return tf.convert_to_tensor(x) if isinstance(x, tf.Variable) else x

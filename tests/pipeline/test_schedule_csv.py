@@ -1,21 +1,17 @@
 """Schedules users write: placement in the Schedule, torch's compute-only CSV, Resolve,
-the command's --csv, and the engine's imports (no loop, nothing from layers/)."""
+and the command's --csv. (The engine's imports: tests/test_layout.py.)"""
 
-import ast
 import pathlib
-import subprocess
-import sys
 
 import pytest
 from test_schedule import Command
 
-from lingpipe.pipeline import generators, schedule, simulate
+from lingpipe.pipeline import generators, simulate
 from lingpipe.pipeline.schedule import Action, FromCsv, Schedule, ScheduleError, ToCsv
 
 DATA = pathlib.Path(__file__).parent / "data"
 V_SHAPED = DATA / "v_shaped_k2_m2.csv"
 INTERLEAVED = DATA / "interleaved_k2_v2_m2.csv"
-PIPELINE = pathlib.Path(schedule.__file__).parent
 
 
 def test_placement_defaults_to_the_loop_and_is_read_by_device_of():
@@ -139,60 +135,6 @@ def test_command_reads_a_csv(tmp_path):
     run = Command(f"--csv={bad}")
     assert run.returncode == 2 and not run.stdout
     assert "row 1 (device 0), column 2: cannot read cell '0X0'" in run.stderr
-
-
-def _ModuleImports(path: pathlib.Path, module_level_only: bool) -> set[str]:
-    tree = ast.parse(path.read_text())
-    nodes = tree.body if module_level_only else list(ast.walk(tree))
-    names = set()
-    for node in nodes:
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)
-    return names
-
-
-def test_the_engine_imports_nothing_from_layers():
-    for path in sorted(PIPELINE.glob("*.py")):
-        imported = _ModuleImports(path, module_level_only=False)
-        assert not [n for n in imported if n.startswith("lingpipe.layers")], path.name
-
-
-def test_no_import_loop_inside_the_engine():
-    modules = {p.stem for p in PIPELINE.glob("*.py")} - {"__init__"}
-    graph = {
-        m: {
-            n.split(".")[2]
-            for n in _ModuleImports(PIPELINE / f"{m}.py", module_level_only=True)
-            if n.startswith("lingpipe.pipeline.") and n.split(".")[2] in modules
-        }
-        for m in modules
-    }
-    assert graph["simulate"] == {"schedule"} and graph["schedule"] == set()
-    assert graph["plot"] <= {"schedule", "simulate"}
-    done, visiting = set(), []
-
-    def Visit(m):
-        assert m not in visiting, f"import loop: {' -> '.join(visiting + [m])}"
-        if m not in done:
-            visiting.append(m)
-            for n in graph[m]:
-                Visit(n)
-            visiting.pop()
-            done.add(m)
-
-    for m in sorted(graph):
-        Visit(m)
-
-
-@pytest.mark.parametrize("first", ["plot", "schedule_cli", "generators"])
-def test_the_importer_first_imports_cleanly(first):
-    # A loop shows when the module at its top is imported first, in a fresh process.
-    code = f"import lingpipe.pipeline.{first}, lingpipe.pipeline.schedule"
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
 
 
 def test_the_trainer_flag_takes_a_csv_path_and_refuses_an_unknown_name():

@@ -1,7 +1,8 @@
-"""A test-only model family, imported as `params.testfam` by tests/test_model_registry.py.
+"""A test-only model family, imported as `lingpipe.params.testfam` by tests/test_model_registry.py.
 
-The tests put this folder on `params.__path__`, so `GetParams('testfam.TinyModel', ...)`
-imports it on demand exactly as it imports params/lm.py. Never imported otherwise.
+The tests put this folder on `lingpipe.params.__path__`, so `GetParams('testfam.TinyModel',
+...)` imports it on demand exactly as it imports lingpipe/params/lm.py. Never imported
+otherwise.
 """
 
 from lingpipe import hyperparams, model_registry
