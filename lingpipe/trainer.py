@@ -65,6 +65,14 @@ from absl import app, flags, logging
 from lingpipe.pipeline import settings
 from lingpipe.runners import plan_flags, startup, stop_signals
 
+__all__ = [
+    "FLAGS",
+    "main",
+    "MODES",
+    "Run",
+    "STRATEGIES",
+]
+
 MODES = ("train", "eval", "train_and_eval", "inspect_params", "inspect_model", "export")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu", "hosts")
 

@@ -66,8 +66,12 @@ import keras
 
 from lingpipe.keras import graph as graph_lib
 from lingpipe.keras import graph_pipeline, model_base
-from lingpipe.pipeline import settings
 from lingpipe.keras import plan as plan_lib
+from lingpipe.pipeline import settings
+
+__all__ = [
+    "Pipeline",
+]
 
 
 def _InputSpec(model: Any) -> Any:

@@ -35,6 +35,28 @@ from keras.src.models import functional as keras_functional
 from lingpipe.pipeline import costs
 from lingpipe.pipeline import partition as partition_lib
 
+__all__ = [
+    "CallNode",
+    "Cut",
+    "CutBytes",
+    "FirstUseParams",
+    "Graph",
+    "GraphNode",
+    "LiveTensors",
+    "MakeCut",
+    "NodeCall",
+    "NodeCosts",
+    "NodeFlops",
+    "NodeParams",
+    "POLICIES",
+    "ProfileNodes",
+    "SampleInput",
+    "TensorBytes",
+    "TensorName",
+    "Trace",
+    "TrainableVariables",
+]
+
 POLICIES = costs.POLICIES
 
 

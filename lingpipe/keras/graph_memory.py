@@ -35,6 +35,14 @@ from lingpipe.pipeline import memory, simulate
 from lingpipe.pipeline import remat as remat_lib
 from lingpipe.pipeline.schedule import Schedule
 
+__all__ = [
+    "GraphMemory",
+    "NodeMemory",
+    "SlotsPerWeight",
+    "TraceNodes",
+    "WeightBytes",
+]
+
 # Ops whose output shares its input's buffer (memory.py's list): a view costs its source.
 _VIEW_OPS = frozenset({"Reshape", "Identity", "ExpandDims", "Squeeze", "StopGradient", "Snapshot"})
 # Forward tensors that are not activations, and readers that need only a shape.

@@ -48,6 +48,10 @@ from lingpipe.pipeline import (
 )
 from lingpipe.pipeline import remat as remat_lib
 
+__all__ = [
+    "GraphPipeline",
+]
+
 
 def _Unique(items: list) -> list:
     return list({id(x): x for x in items}.values())

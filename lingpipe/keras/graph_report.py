@@ -11,6 +11,10 @@ from collections.abc import Sequence
 from lingpipe.keras import graph as graph_lib
 from lingpipe.pipeline import report as report_lib
 
+__all__ = [
+    "Report",
+]
+
 
 def Report(
     cut: graph_lib.Cut,

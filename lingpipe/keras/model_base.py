@@ -61,6 +61,11 @@ from lingpipe.nested_map import NestedMap
 from lingpipe.pipeline import gradient_sums, micro_batch
 from lingpipe.pipeline import schedule as schedule_lib
 
+__all__ = [
+    "EnsureDevices",
+    "PipelineModel",
+]
+
 
 def _ScheduleConfig(spec: Any) -> Any:
     """`schedule=` as a .keras file's JSON config holds it: a Schedule value as its CSV

@@ -40,6 +40,18 @@ from lingpipe.keras import graph as graph_lib
 from lingpipe.keras import graph_memory
 from lingpipe.pipeline import generators, partition, planner
 
+__all__ = [
+    "KerasPlan",
+    "KNOBS",
+    "Knobs",
+    "ModelCosts",
+    "Plan",
+    "RecordsGivenArguments",
+    "ResolveArgs",
+    "RESTRICTIONS",
+    "WHERE",
+]
+
 # Plan's restrictions, and the knobs of lingpipe.keras.Pipeline a plan sets.
 RESTRICTIONS = ("num_stages", "num_micro_batches", "schedules", "remat", "optimizer", "rates")
 KNOBS = ("num_stages", "num_micro_batches", "schedule", "num_virtual_stages", "remat", "partition")

@@ -45,6 +45,10 @@ from lingpipe.keras import model_base
 from lingpipe.layers import gpipe, keras_cell
 from lingpipe.pipeline import settings
 
+__all__ = [
+    "PipelinedSequential",
+]
+
 
 def _SequentialInputShape(layers: Any) -> tuple | None:
     """One example's shape from a keras.Sequential that starts with keras.Input, else None."""

@@ -24,6 +24,14 @@ from keras.src.backend.common import masking  # Keras masks are not in its publi
 from lingpipe import base_layer
 from lingpipe.nested_map import NestedMap
 
+__all__ = [
+    "LossFn",
+    "LossScale",
+    "MicroBatchLoss",
+    "Scaled",
+    "Stitched",
+]
+
 
 class _NoLossMetrics:
     """Stands in for CompileLoss' per-output loss metrics while a micro-batch's loss is

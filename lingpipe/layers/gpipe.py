@@ -53,6 +53,11 @@ from lingpipe.pipeline import (
 )
 from lingpipe.pipeline import report as report_lib
 
+__all__ = [
+    "PARTITION_POLICIES",
+    "PipeliningLayer",
+]
+
 PARTITION_POLICIES = settings.PARTITION_POLICIES  # the old name, kept
 
 

@@ -42,6 +42,14 @@ from lingpipe.layers import gpipe
 from lingpipe.nested_map import NestedMap
 from lingpipe.pipeline import settings
 
+__all__ = [
+    "BaseTask",
+    "DefinePipelineParams",
+    "LpRegularizedVariables",
+    "PipelineLayerParams",
+    "SingleTaskModel",
+]
+
 
 def _TrainParams() -> hyperparams.Params:
     p = hyperparams.Params()

@@ -21,8 +21,20 @@ from typing import Any
 import tensorflow as tf
 
 from lingpipe import base_layer, hyperparams
-from lingpipe.pipeline import settings
 from lingpipe.nested_map import NestedMap
+from lingpipe.pipeline import settings
+
+__all__ = [
+    "AsArgs",
+    "CellMetas",
+    "POLICIES",
+    "PolicyCosts",
+    "ProfileCells",
+    "ProfileCellTimes",
+    "ShapeBytes",
+    "TimeUnit",
+    "UnitTimes",
+]
 
 
 def AsArgs(outputs: Any) -> tuple:

@@ -7,6 +7,14 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+__all__ = [
+    "Boundaries",
+    "CheckCounts",
+    "Counts",
+    "MinMaxCost",
+    "MinMaxPartition",
+]
+
 # Relative slack when comparing sums of float costs.
 _EPS = 1e-9
 

@@ -22,6 +22,13 @@ from collections.abc import Callable
 from lingpipe.cluster import HostOf
 from lingpipe.pipeline import memory as memory_lib
 
+__all__ = [
+    "FLOPS_UNITS",
+    "MIB",
+    "PartitionReport",
+    "StageReport",
+]
+
 MIB = 1024 * 1024
 FLOPS_UNITS = {"GFLOPs": 1e9, "MFLOPs": 1e6}
 

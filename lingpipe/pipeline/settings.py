@@ -22,6 +22,25 @@ from typing import Any
 
 from lingpipe.pipeline import generators, remat
 
+__all__ = [
+    "ArgsDoc",
+    "BY_NAME",
+    "Default",
+    "DEFAULTS",
+    "Define",
+    "DefineFlags",
+    "Documented",
+    "FLAGS",
+    "FromText",
+    "Get",
+    "PARTITION_POLICIES",
+    "Problem",
+    "Setting",
+    "SETTINGS",
+    "TASK",
+    "TrainSchedules",
+]
+
 PARTITION_POLICIES = ("uniform", "flops", "params", "profile")
 
 

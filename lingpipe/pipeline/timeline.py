@@ -31,6 +31,19 @@ import tensorflow as tf
 from lingpipe.pipeline import schedule, simulate
 from lingpipe.pipeline.schedule import Action, Schedule
 
+__all__ = [
+    "BusyShare",
+    "ChromeTrace",
+    "Compare",
+    "LatestProfile",
+    "ReadXSpace",
+    "Record",
+    "Span",
+    "Spans",
+    "TimelineError",
+    "Write",
+]
+
 _ACTION = re.compile(r"(?:^|/)([FBIW])_s(\d+)_mb(\d+)(?:_\d+)?/")
 _HOST_PLANE = "/host:CPU"
 # Ops that do no work of their own: they run whenever their (absent) inputs allow,

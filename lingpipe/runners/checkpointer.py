@@ -40,6 +40,15 @@ from absl import logging
 
 from lingpipe import glob_paths
 
+__all__ = [
+    "Checkpointer",
+    "CheckpointError",
+    "FindCheckpoints",
+    "ReadTasks",
+    "RestoreLatest",
+    "STATE_FILE",
+]
+
 STATE_FILE = "checkpoint"
 _INDEX = re.compile(r"ckpt-(\d+)\.index$")
 _TEMP = re.compile(r"ckpt-\d+_temp")

@@ -28,6 +28,12 @@ from absl import logging
 from lingpipe.models import base_task
 from lingpipe.runners import rundir, train_loop
 
+__all__ = [
+    "Bound",
+    "Evaler",
+    "Results",
+]
+
 # bound(fn, work, first) -> fn(): how Evaluate runs each batch (see there).
 Bound = Callable[[Callable[[], Any], str, bool], Any]
 

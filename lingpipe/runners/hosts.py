@@ -35,6 +35,26 @@ from typing import TypeVar
 from lingpipe import cluster as cluster_lib
 from lingpipe.runners import checkpointer, train_loop
 
+__all__ = [
+    "Answers",
+    "CallWithDeadline",
+    "CLIENT_DEVICES",
+    "Cluster",
+    "Connect",
+    "DEFAULT_STEP_TIMEOUT_S",
+    "DEFAULT_TIMEOUT_S",
+    "DescribeStages",
+    "GoneWorkers",
+    "GradientTraffic",
+    "HostsTrainer",
+    "HungError",
+    "ProbeWorkers",
+    "ReadCluster",
+    "Responds",
+    "StageGroups",
+    "Task",
+]
+
 DEFAULT_TIMEOUT_S = 60.0
 # Seconds a training step may take before the run looks for a worker that stopped
 # answering (the run's first step, which traces, gets train_loop.FIRST_STEP_FACTOR times it).

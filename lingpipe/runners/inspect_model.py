@@ -35,6 +35,13 @@ import tensorflow as tf
 from lingpipe import base_layer, cluster
 from lingpipe.layers import gpipe
 
+__all__ = [
+    "Describe",
+    "LayerTree",
+    "PipelineReports",
+    "TaskOptimizer",
+]
+
 
 def _OwnVariables(layer: base_layer.BaseLayer) -> list[tuple[str, tf.Variable]]:
     # `layer.vars` holds the children's vars too, under the children's names.

@@ -36,6 +36,23 @@ from absl import logging
 from lingpipe.pipeline import settings
 from lingpipe.runners import startup
 
+__all__ = [
+    "Apply",
+    "Auto",
+    "CHECK_FILE",
+    "CheckDevices",
+    "CheckFlags",
+    "DefineFlags",
+    "FLAGS",
+    "FlagText",
+    "MEASURED_STEPS",
+    "PLAN_FLAGS",
+    "PlanCheck",
+    "Prepare",
+    "ReadPlan",
+    "Restrictions",
+]
+
 CHECK_FILE = "plan_check.json"
 MEASURED_STEPS = 10
 # What a plan may set: the pipeline settings' flags, the replicas' strategy and devices,

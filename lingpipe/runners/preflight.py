@@ -37,6 +37,22 @@ from lingpipe import glob_paths, hyperparams
 from lingpipe.nested_map import NestedMap
 from lingpipe.runners import rundir, startup, strategies
 
+__all__ = [
+    "BuildInput",
+    "CheckBatches",
+    "CheckCheckpoint",
+    "CheckExportDir",
+    "CheckFits",
+    "CHECKPOINT_SUBDIR",
+    "CheckpointVariables",
+    "CheckRunFiles",
+    "Differences",
+    "ModelVariables",
+    "NumMicroBatches",
+    "Plan",
+    "Prepare",
+]
+
 CHECKPOINT_SUBDIR = "checkpoints"
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 

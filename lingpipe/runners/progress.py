@@ -28,6 +28,12 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+__all__ = [
+    "FormatDuration",
+    "Progress",
+    "ProgressLine",
+]
+
 _CLEAR_TO_END = "\x1b[K"
 
 

@@ -51,6 +51,20 @@ from absl import logging
 
 from lingpipe.runners import stop_signals
 
+__all__ = [
+    "LOCK_FILE",
+    "LogdirLock",
+    "LogdirLockedError",
+    "LogdirWriteError",
+    "ReadRunState",
+    "Reason",
+    "RUN_STATE_FILE",
+    "RunState",
+    "STATUSES",
+    "WriteRunState",
+    "WriteText",
+]
+
 LOCK_FILE = "lingpipe.lock"
 RUN_STATE_FILE = "run_state.json"
 # status of RunState: how the run last ended (or that it is running).

@@ -22,6 +22,22 @@ from typing import Any
 from lingpipe import glob_paths, hyperparams, model_registry
 from lingpipe.pipeline import generators, settings
 
+__all__ = [
+    "CheckLogdir",
+    "CheckProfileSteps",
+    "IsUrl",
+    "Overrides",
+    "PARAMS_DIFF_FILE",
+    "PARAMS_FILE",
+    "ResolvedParams",
+    "ResolveParams",
+    "SplitOverrides",
+    "UsageError",
+    "WriteAtomically",
+    "WriteParams",
+    "WritesParams",
+]
+
 PARAMS_FILE = "params.txt"
 PARAMS_DIFF_FILE = "params_diff.txt"
 

@@ -24,6 +24,13 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+__all__ = [
+    "Call",
+    "SIGNAL_GRACE_S",
+    "StepTimeout",
+    "StoppedWhileWaiting",
+]
+
 _T = TypeVar("_T")
 SIGNAL_GRACE_S = 5.0
 _SLICE_S = 0.1

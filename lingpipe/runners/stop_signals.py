@@ -24,6 +24,16 @@ from collections.abc import Callable
 from types import CodeType
 from typing import Any, TypeVar
 
+__all__ = [
+    "Ignore",
+    "Original",
+    "RESEND_AFTER_S",
+    "StopBeforeSteps",
+    "Stopped",
+    "StopSignals",
+    "Uninterruptible",
+]
+
 _F = TypeVar("_F", bound=Callable)
 RESEND_AFTER_S = 0.05  # how soon a signal that came at a bad moment is sent again
 # Code a handler must not raise in, besides finalizers: an exception inside

@@ -38,6 +38,17 @@ import tensorflow as tf
 from lingpipe import cluster
 from lingpipe.runners import startup
 
+__all__ = [
+    "BuildLayout",
+    "DefaultLayout",
+    "HostsLayout",
+    "Layout",
+    "LAYOUTS",
+    "MirroredLayout",
+    "MultiWorkerLayout",
+    "TpuLayout",
+]
+
 
 class Layout(abc.ABC):
     """A strategy and the stage devices of this host's replicas: the base of the layouts.

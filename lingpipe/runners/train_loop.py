@@ -39,6 +39,26 @@ from lingpipe.runners import checkpointer, progress, rundir, step_deadline
 # Re-exported: the trainer and tests name them as train_loop's.
 from lingpipe.runners.stop_signals import StopBeforeSteps, Stopped, StopSignals  # noqa: F401
 
+__all__ = [
+    "ClusterError",
+    "Fingerprint",
+    "FIRST_STEP_FACTOR",
+    "HungError",
+    "Intervals",
+    "LocalReplicas",
+    "MakeTrainStep",
+    "NonFiniteError",
+    "ProfileSteps",
+    "ReduceGradients",
+    "ReduceMetrics",
+    "ReduceOnGradientDevices",
+    "ReplicaTask",
+    "StepHungError",
+    "StepResult",
+    "Trainer",
+    "WeightedSums",
+]
+
 # The run's first step traces the step function: its deadline is this many times longer.
 FIRST_STEP_FACTOR = 5
 
