@@ -132,6 +132,9 @@ class Result:
     runners_up: list[Candidate]
     refused: list[Refused]
     searched: int
+    ranked: list[Candidate] = dataclasses.field(default_factory=list)  # all that fit, fastest first
+    costs: ModelCosts | None = None  # what the caller planned with
+    costs_note: str = ""  # which costs, in a line (lingpipe.plan's screen)
 
 
 def MeasureRates(device: str | None = None) -> Rates:
@@ -364,4 +367,4 @@ def Search(
     refused.sort(key=lambda x: (x.excess_bytes, x.candidate.num_stages))
     chosen = ranked[0] if ranked else None
     searched = len(fits) + len(refused)
-    return Result(chosen, ranked[1 : 1 + keep], refused, searched)
+    return Result(chosen, ranked[1 : 1 + keep], refused, searched, ranked)
