@@ -211,8 +211,7 @@ def ActionSeconds(
         return costs.out_bytes[cell] * micro / rates.bytes_per_s + rates.latency_s
 
     stage_bytes = [
-        sum(costs.weight_bytes[lo:hi])
-        for lo, hi in partition.Boundaries(list(candidate.partition))
+        sum(costs.weight_bytes[lo:hi]) for lo, hi in partition.Boundaries(list(candidate.partition))
     ]
     return cost_model.ActionCosts(
         sched,
@@ -243,9 +242,7 @@ def Compute(candidate: Candidate, costs: ModelCosts, rates: Rates, global_batch:
     per_kind = ActionSeconds(candidate, costs, rates, global_batch, action_s=0.0)
     sched = ScheduleOf(candidate)
     return {
-        a: per_kind[a.kind][(a.stage, a.micro_batch)]
-        for acts in sched.device_actions
-        for a in acts
+        a: per_kind[a.kind][(a.stage, a.micro_batch)] for acts in sched.device_actions for a in acts
     }
 
 
