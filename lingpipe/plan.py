@@ -299,9 +299,9 @@ def _Restricted(restrict: dict) -> str:
 def Calibrate(
     model: RegisteredModel, result: Any, rates: Any, num_devices: int, steps: int
 ) -> tuple[Any, Any, Any, str]:
-    """(costs, rates, the calibrate.Calibration, a line) fitted to `steps` recorded training steps of the fastest
-    predicted pipeline of `result` (K >= 2; one replica of it), module doc. Raises
-    PlanError when no pipeline fits."""
+    """(costs, rates, the calibrate.Calibration, a line) fitted to `steps` recorded
+    training steps of the fastest predicted pipeline of `result` (K >= 2; one replica
+    of it), module doc. Raises PlanError when no pipeline fits."""
     from lingpipe.pipeline import calibrate, planner
 
     pipelines = [c for c in result.ranked if c.num_stages > 1]
