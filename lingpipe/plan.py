@@ -7,9 +7,23 @@
 It searches N devices as R replicas x K stages, M micro-batches, the schedule (and its
 stages per device), the recompute policy and the partition (lingpipe.pipeline.planner),
 and prints one screen: the chosen plan as the trainer flags to pass, with its predicted
-step time and peak memory per device; the runners-up; why the rest were refused. The
-model is never built: each cell's FLOPs and shapes come from its FPropMeta, its memory
-from lingpipe.pipeline.memory's estimate, and the device's rates are measured here once.
+step time and peak memory per device; the runners-up; why the rest were refused; the
+costs it used. The model is never built whole, nor once per candidate: each cell's
+FLOPs and shapes come from its FPropMeta, its memory from lingpipe.pipeline.memory's
+estimate, the device's rates are measured here once, and each cell's forward, inputs'
+gradient and weights' gradient are profiled once, alone, at the smallest and largest
+micro-batch any candidate runs (lingpipe.pipeline.cell_times).
+
+  --costs=auto  (default) the profiled times where the largest cell can be profiled on
+                this device (3 x its weights and 4 x its outputs at the largest
+                micro-batch fit this host's available memory, or the cap on an
+                accelerator), else FLOPs at the measured rate; --costs=profile or
+                --costs=flops forces one
+  --calibrate[=STEPS]  also builds the fastest predicted pipeline (K >= 2) of the task,
+                times STEPS (default 3) training steps and records them with the
+                timeline, fits the cost model to them (lingpipe.pipeline.calibrate:
+                the devices' scale, the fixed cost per action) and plans again with
+                the fitted costs
 
   --json=FILE   {"for": {"model", "devices", "global_batch", "memory_per_device"}, "plan":
                 {flag: value}, "predicted": {"step_seconds", "peak_bytes": [per device]},
@@ -19,14 +33,16 @@ from lingpipe.pipeline.memory's estimate, and the device's rates are measured he
                 "verify"). The measured time is the trainer's whole step (input and
                 optimizer included) from its steps/s log.
 
-Bad input (an unparseable SIZE, --devices=0, an unknown model) and a cap too small for
-every candidate are one line and exit status 2; the latter names the smallest memory per
+Bad input (an unparseable SIZE, --devices=0, an unknown model, --calibrate=0,
+--costs=profile for a cell too big to profile) and a cap too small for every candidate
+are one line and exit status 2; the latter names the smallest memory per
 device any candidate needs, and that candidate.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -103,6 +119,37 @@ class RegisteredModel:
             weight_bytes=tuple(4 * int(m.num_params) for m in metas),
         )
 
+    def Profiled(self, flop_costs: Any, sizes: list[int]) -> Any:
+        """`flop_costs` with each cell's times profiled at micro-batches of `sizes`
+        (cell_times.Profile: each cell built once, alone)."""
+        from lingpipe.pipeline import cell_times
+
+        pipe_p = self._PipelineParams(self.global_batch)
+        times = cell_times.Profile(pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes), sizes)
+        return dataclasses.replace(flop_costs, times=times)
+
+    def TrainStep(self, c: Any, batch: int) -> tuple[Any, Any]:
+        """(a tf.function running one training step of the task as candidate `c` sets its
+        pipeline, on a batch of `batch` from its input; the task's PipeliningLayer)."""
+        import tensorflow as tf
+
+        p = self.params.Copy()
+        p.input.batch_size = batch
+        p.Set(
+            num_stages=c.num_stages,
+            num_micro_batches=c.num_micro_batches,
+            schedule=c.schedule,
+            num_virtual_stages=c.num_virtual_stages,
+            remat=c.remat,
+            partition=list(c.partition),
+        )
+        task = p.Instantiate()
+        task.CreateOptimizer()
+        data = next(iter(task.CreateInputGenerator().Batches(1)))
+        data = tf.nest.map_structure(tf.convert_to_tensor, data)
+        step = tf.function(lambda: task.TrainStep(data, 0).loss[0])
+        return step, task.pipeline
+
     def Memory(self, c: Any) -> list[int]:
         """Bytes per device of one pipeline of candidate `c` in a training step."""
         from lingpipe.pipeline import generators, memory, partition, remat
@@ -140,34 +187,100 @@ class RegisteredModel:
         return [memory.DeviceMemory(ms).total for ms in per_device]
 
 
+def ProfileNeed(costs: Any, largest: int) -> int:
+    """Bytes to profile the largest cell alone: its weights three times (weights,
+    gradient, a copy) and its outputs four times, at `largest` examples."""
+    return max(3 * w + 4 * o * largest for w, o in zip(costs.weight_bytes, costs.out_bytes))
+
+
+def DeviceBytes(memory_per_device: int) -> tuple[int, str]:
+    """(bytes, what they are) that a profile may use on this process's device: an
+    accelerator's cap (the memory per device the plan is for), else the host's
+    available memory."""
+    import tensorflow as tf
+
+    if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
+        return memory_per_device, "the cap per device"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "this host's available memory"
+    except OSError:
+        pass
+    pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(pages), "this host's free memory"
+
+
+def ChooseCosts(
+    model: RegisteredModel, flop_costs: Any, candidates: list, memory_per_device: int, source: str
+) -> tuple[Any, str]:
+    """(costs, a line saying which) for `source` 'auto', 'profile' or 'flops' (module doc);
+    the profile at the smallest and largest micro-batch of `candidates`."""
+    if source == "flops":
+        return flop_costs, "FLOPs at the measured rate (--costs=flops)"
+    micro = sorted({model.global_batch // c.replicas // c.num_micro_batches for c in candidates})
+    sizes = sorted({max(1, micro[0]), max(1, micro[-1])})
+    need = ProfileNeed(flop_costs, sizes[-1])
+    have, what = DeviceBytes(memory_per_device)
+    if need > have:
+        if source == "profile":
+            raise PlanError(
+                f"--costs=profile: profiling the largest cell of {model.name} needs "
+                f"{_Mib(need)}, {what} is {_Mib(have)}; use --costs=flops (or auto)"
+            )
+        return flop_costs, (
+            f"FLOPs at the measured rate (profiling the largest cell needs {_Mib(need)}, "
+            f"{what} is {_Mib(have)})"
+        )
+    sizes_text = " and ".join(map(str, sizes))
+    return model.Profiled(flop_costs, sizes), (
+        f"profiled per cell here (F, I, W at micro-batches of {sizes_text})"
+    )
+
+
 def Plan(
     model: RegisteredModel,
     num_devices: int,
     memory_per_device: int,
     rates: Any,
     restrict: dict | None = None,
+    costs: Any = "auto",
 ) -> Any:
     """planner.Search over the model; PlanError when nothing fits (module doc).
 
     `restrict`: planner.Candidates' keywords (stages, micro_batches, schedules, remats).
+    `costs`: 'auto', 'profile' or 'flops' (ChooseCosts), or a planner.ModelCosts.
+    The result's `costs_note` says which costs were used.
     """
     from lingpipe.pipeline import planner
 
-    costs = model.Costs()
+    flop_costs = model.Costs() if isinstance(costs, str) else costs
     candidates = planner.Candidates(
-        num_devices, len(costs.flops), model.global_batch, **(restrict or {})
+        num_devices, len(flop_costs.flops), model.global_batch, **(restrict or {})
     )
     if not candidates:
         raise PlanError(
             f"--devices={num_devices} --global_batch={model.global_batch}: no configuration "
             f"applies (R replicas must divide the global batch, K stages at most "
-            f"{len(costs.flops)} cells of {model.name}"
+            f"{len(flop_costs.flops)} cells of {model.name}"
             + (f", and {_Restricted(restrict)}" if restrict else "")
             + ")"
         )
+    note = "given"
+    if isinstance(costs, str):
+        costs, note = ChooseCosts(model, flop_costs, candidates, memory_per_device, costs)
     result = planner.Search(
-        costs, rates, num_devices, memory_per_device, model.global_batch, model.Memory, candidates
+        costs,
+        rates,
+        num_devices,
+        memory_per_device,
+        model.global_batch,
+        model.Memory,
+        candidates,
     )
+    result.costs = costs
+    result.costs_note = note
     if result.chosen is None:
         least = min(result.refused, key=lambda r: max(r.candidate.peak_bytes))
         need = max(least.candidate.peak_bytes)
@@ -183,17 +296,51 @@ def _Restricted(restrict: dict) -> str:
     return ", ".join(f"{k} in {list(v)}" for k, v in restrict.items())
 
 
-def PlanFlags(c: Any) -> dict[str, Any]:
-    """The trainer's flags of candidate `c`: each pipeline setting it fixes (the partition
-    as its counts per stage), and the strategy and devices of its replicas."""
-    from lingpipe.pipeline import settings
+def Calibrate(
+    model: RegisteredModel, result: Any, rates: Any, num_devices: int, steps: int
+) -> tuple[Any, Any, Any, str]:
+    """(costs, rates, the calibrate.Calibration, a line) fitted to `steps` recorded
+    training steps of the fastest predicted pipeline of `result` (K >= 2; one replica
+    of it), module doc. Raises PlanError when no pipeline fits."""
+    from lingpipe.pipeline import calibrate, planner
 
-    flags = {name: getattr(c, name) for name in settings.FLAGS if hasattr(c, name)}
-    flags["partition"] = list(c.partition)
-    if c.replicas > 1:
-        flags["strategy"] = "mirrored"
-        flags["logical_devices"] = c.replicas * c.num_stages
-    return flags
+    pipelines = [c for c in result.ranked if c.num_stages > 1]
+    if not pipelines:
+        raise PlanError(
+            f"--calibrate: no pipeline (K >= 2) of {model.name} on {num_devices} device(s) "
+            "fits the cap, so there is none to calibrate on; plan without --calibrate"
+        )
+    c = dataclasses.replace(pipelines[0], replicas=1)
+    batch = model.global_batch // pipelines[0].replicas
+    step, pipeline = model.TrainStep(c, batch)
+    unprofiled = _MedianSeconds(step, steps)
+    from lingpipe.pipeline import timeline
+
+    with tempfile.TemporaryDirectory() as logdir:
+        spans = timeline.Record(step, logdir, pipeline, num_steps=steps)
+    compute = planner.Compute(c, result.costs, rates, batch)
+    makespan = max(unprofiled - planner.OutsideSeconds(c, result.costs, rates), 1e-9)
+    cal = calibrate.Fit(spans, pipeline.Schedule(), compute, measured_step_s=makespan)
+    costs, cal_rates = planner.Calibrated(result.costs, rates, cal)
+    line = (
+        f"calibrated on {steps} step(s) of {c.Describe()}: cells x{cal.scale:.2f}, "
+        f"{cal.action_s * 1e3:.2f} ms per action (step {unprofiled * 1e3:.1f} ms)"
+    )
+    return costs, cal_rates, cal, line
+
+
+def _MedianSeconds(step: Any, steps: int) -> float:
+    import time
+
+    import tensorflow as tf
+
+    tf.nest.map_structure(lambda t: t.numpy(), step())  # trace
+    seconds = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        tf.nest.map_structure(lambda t: t.numpy(), step())
+        seconds.append(time.perf_counter() - start)
+    return sorted(seconds)[len(seconds) // 2]
 
 
 def _FlagText(value: Any) -> str:
@@ -217,7 +364,8 @@ def Screen(model: RegisteredModel, result: Any, memory_per_device: int) -> str:
         f"  {c.Describe()}  [{pipelined}, {c.replicas} replica(s)]",
         f"  predicted {c.step_seconds * 1e3:.1f} ms per step, peak per device "
         + ", ".join(_Mib(b) for b in c.peak_bytes),
-        "  " + _CommandLine(model.name, PlanFlags(c)),
+        "  " + _CommandLine(model.name, c.Flags()),
+        f"costs: {result.costs_note or 'given'}",
         "runners-up:",
     ]
     for r in result.runners_up:
@@ -236,7 +384,7 @@ def Json(result: Any, model: RegisteredModel, num_devices: int, memory_per_devic
     c = result.chosen
 
     def Entry(x: Any) -> dict:
-        return dict(flags=PlanFlags(x), step_seconds=x.step_seconds, peak_bytes=list(x.peak_bytes))
+        return dict(flags=x.Flags(), step_seconds=x.step_seconds, peak_bytes=list(x.peak_bytes))
 
     return {
         "for": {
@@ -245,11 +393,11 @@ def Json(result: Any, model: RegisteredModel, num_devices: int, memory_per_devic
             "global_batch": model.global_batch,
             "memory_per_device": memory_per_device,
         },
-        "plan": PlanFlags(c),
+        "plan": c.Flags(),
         "predicted": {"step_seconds": c.step_seconds, "peak_bytes": list(c.peak_bytes)},
         "candidates": [Entry(x) for x in [c, *result.runners_up]],
         "refused": [
-            dict(flags=PlanFlags(r.candidate), device=r.device, excess_bytes=r.excess_bytes)
+            dict(flags=r.candidate.Flags(), device=r.device, excess_bytes=r.excess_bytes)
             for r in result.refused
         ],
     }
@@ -263,12 +411,20 @@ def Verify(model: str, plans: list, steps: int = 30) -> list[tuple[float, float]
         with tempfile.TemporaryDirectory() as logdir:
             cmd = [sys.executable, "-m", "lingpipe.trainer", f"--model={model}"]
             cmd += [f"--logdir={logdir}", f"--max_steps={steps}", "--log_interval_steps=10"]
-            cmd += [f"--{k}={_FlagText(v)}" for k, v in PlanFlags(c).items()]
+            cmd += [f"--{k}={_FlagText(v)}" for k, v in c.Flags().items()]
             done = subprocess.run(cmd, capture_output=True, text=True)
         rates = re.findall(r"([0-9.]+) steps/s", done.stderr + done.stdout)
         measured = 1.0 / float(rates[-1]) if rates else float("nan")
         out.append((c.step_seconds, measured))
     return out
+
+
+def _CalibrateSteps(text: str | None) -> int:
+    if text is None:
+        return 0
+    if not text.isdigit() or int(text) < 1:
+        raise PlanError(f"--calibrate={text}: expected a number of steps >= 1 (or no value: 3)")
+    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,6 +437,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--global_batch", type=int, default=None, help="default: the model's")
     ap.add_argument("--json", default=None, help="write the plan and candidates here")
     ap.add_argument("--verify", type=int, default=0, help="train the top N plans and compare")
+    ap.add_argument(
+        "--costs", default="auto", help="auto (profile where it fits), profile or flops"
+    )
+    ap.add_argument(
+        "--calibrate",
+        nargs="?",
+        const="3",
+        default=None,
+        help="fit the costs to STEPS (default 3) recorded steps of the best pipeline",
+    )
     try:
         args = ap.parse_args(argv)
     except SystemExit as e:
@@ -291,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.global_batch is not None and args.global_batch < 1:
             raise PlanError(f"--global_batch={args.global_batch}: expected a batch size >= 1")
         cap = ParseSize(args.memory_per_device)
+        if args.costs not in ("auto", "profile", "flops"):
+            raise PlanError(f"--costs={args.costs}: expected auto, profile or flops")
+        steps = _CalibrateSteps(args.calibrate)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         from lingpipe import cluster
 
@@ -299,7 +468,13 @@ def main(argv: list[str] | None = None) -> int:
         from lingpipe.pipeline import planner
 
         model = RegisteredModel(args.model, args.global_batch)
-        result = Plan(model, args.devices, cap, planner.MeasureRates())
+        rates = planner.MeasureRates()
+        result = Plan(model, args.devices, cap, rates, costs=args.costs)
+        if steps:
+            first = result.costs_note
+            costs, rates, _, line = Calibrate(model, result, rates, args.devices, steps)
+            result = Plan(model, args.devices, cap, rates, costs=costs)
+            result.costs_note = f"{first}; {line}"
     except PlanError as e:
         print(f"lingpipe.plan: {e}", file=sys.stderr)
         return 2
@@ -313,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             error = (pred - meas) / meas * 100 if meas == meas else float("nan")
             print(f"  {pred * 1e3:8.1f} ms / {meas * 1e3:8.1f} ms ({error:+.0f}%)  {c.Describe()}")
             written["verify"].append(
-                dict(flags=PlanFlags(c), predicted_seconds=pred, measured_seconds=meas)
+                dict(flags=c.Flags(), predicted_seconds=pred, measured_seconds=meas)
             )
     if args.json:
         with open(args.json, "w") as f:

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from lingpipe import plan
+from lingpipe.pipeline import planner, simulate
 
 
 @pytest.mark.parametrize(
@@ -28,6 +29,9 @@ def test_a_plan_and_its_json(tmp_path):
     done = _Run(tmp_path, "--devices=2", "--memory_per_device=8MiB", f"--json={out}")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "python -m lingpipe.trainer --model=lm.TransformerLmTiny" in done.stdout
+    # The tiny LM fits this host: each cell profiled at the smallest and largest
+    # micro-batch (32 / 2 replicas / 16, and 32), and the screen says so.
+    assert "costs: profiled per cell here (F, I, W at micro-batches of 1 and 32)" in done.stdout
     written = json.loads(out.read_text())
     assert set(written) >= {"plan", "predicted", "candidates"}
     assert written["predicted"]["step_seconds"] > 0
@@ -52,8 +56,13 @@ def test_a_plan_and_its_json(tmp_path):
     [
         (["--devices=0", "--memory_per_device=1GiB"], "--devices=0: expected a number of"),
         (["--devices=2", "--memory_per_device=12XB"], "--memory_per_device=12XB: expected a"),
+        (["--devices=2", "--memory_per_device=1GiB", "--costs=fast"], "--costs=fast: expected"),
         (
-            ["--devices=2", "--memory_per_device=1MiB"],
+            ["--devices=2", "--memory_per_device=1GiB", "--calibrate=0"],
+            "--calibrate=0: expected a number of steps >= 1",
+        ),
+        (
+            ["--devices=2", "--memory_per_device=1MiB", "--costs=flops"],
             "--memory_per_device=1.0 MiB: no plan of lm.TransformerLmTiny on 2 device(s) fits; "
             "the smallest needs",
         ),
@@ -66,3 +75,49 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, flags, 
     errors = [ln for ln in done.stderr.splitlines() if ln.startswith("lingpipe.plan:")]
     assert len(errors) == 1 and line in errors[0], done.stderr[-2000:]
     assert not out.exists()
+
+
+def test_flops_where_asked_and_where_a_cell_is_too_big_to_profile():
+    model = plan.RegisteredModel("lm.TransformerLmTiny", None)
+    flop_costs = model.Costs()
+    candidates = planner.Candidates(2, 4, 32)
+    costs, line = plan.ChooseCosts(model, flop_costs, candidates, 2**30, "flops")
+    assert costs.times is None and line == "FLOPs at the measured rate (--costs=flops)"
+    need = plan.ProfileNeed(flop_costs, 32)
+    assert need == max(3 * w + 4 * o * 32 for w, o in zip(flop_costs.weight_bytes,
+                                                          flop_costs.out_bytes))  # fmt: skip
+    # A device with less than that: 'auto' falls back to FLOPs, 'profile' is refused.
+    small = lambda cap: (need - 1, "this host's available memory")  # noqa: E731
+    original, plan.DeviceBytes = plan.DeviceBytes, small
+    try:
+        costs, line = plan.ChooseCosts(model, flop_costs, candidates, 2**30, "auto")
+        assert costs.times is None and line.startswith("FLOPs at the measured rate (profiling")
+        refused = r"^--costs=profile: profiling the largest cell of lm.TransformerLmTiny needs "
+        with pytest.raises(plan.PlanError, match=refused + r".*; use --costs=flops"):
+            plan.ChooseCosts(model, flop_costs, candidates, 2**30, "profile")
+    finally:
+        plan.DeviceBytes = original
+
+
+def test_calibrate_fits_the_costs_to_recorded_steps_of_the_best_pipeline():
+    model = plan.RegisteredModel("lm.TransformerLmTiny", None)
+    rates = planner.Rates(1e10, action_s=1e-4, bytes_per_s=1e10, latency_s=1e-5)
+    result = plan.Plan(model, 2, 2**30, rates, {"micro_batches": [2]}, costs="flops")
+    costs, cal_rates, cal, line = plan.Calibrate(model, result, rates, 2, 1)
+    best = next(c for c in result.ranked if c.num_stages > 1)
+    assert line.startswith(f"calibrated on 1 step(s) of {best.Describe()}: cells x")
+    assert 0 < cal.num_actions <= sum(len(a) for a in planner.ScheduleOf(best).device_actions)
+    assert cal.overhead_s >= 0 and min(cal.scales) > 0
+    # The calibrated costs: FLOPs at the rate over the fitted scale, the fitted action cost.
+    assert cal_rates.flops_per_s == pytest.approx(rates.flops_per_s / cal.scale)
+    assert cal_rates.action_s == pytest.approx(cal.action_s)
+    assert costs.flops == result.costs.flops
+    # Simulated with them, the pipeline takes about the measured makespan (the fit has a
+    # scale per device, the plan their mean), or more where the busy times alone
+    # already exceed it.
+    per_action = planner.ActionSeconds(best, costs, cal_rates, 32)
+    sim = simulate.Simulate(planner.ScheduleOf(best), per_action)
+    if cal.step_overhead_s > 0:
+        assert sim.makespan == pytest.approx(cal.measured_step_s, rel=0.25)
+    else:
+        assert sim.makespan >= cal.measured_step_s * 0.75

@@ -60,7 +60,10 @@ class Calibration:
 def FitBusy(
     busy: Sequence[tuple[int, float, float]], num_devices: int
 ) -> tuple[tuple[float, ...], float]:
-    """(scale per device, overhead) by least squares over (device, compute, busy) rows.
+    """(scale per device, overhead) by least squares over (device, compute, busy) rows,
+    with the overhead >= 0 and every scale > 0: where the free fit breaks either (the
+    compute of a device's actions nearly constant, as FLOPs make it, leaves the two
+    undetermined), the overhead is 0 and each scale is the device's busy over compute.
     A device without rows (or without compute) keeps scale 1."""
     rows = np.zeros((len(busy), num_devices + 1))
     y = np.zeros(len(busy))
@@ -68,12 +71,16 @@ def FitBusy(
         rows[r, device] = compute
         rows[r, -1] = 1.0
         y[r] = measured
-    used = [d for d in range(num_devices) if rows[:, d].any()] + [num_devices]
-    solution, *_ = np.linalg.lstsq(rows[:, used], y, rcond=None)
+    used = [d for d in range(num_devices) if rows[:, d].any()]
+    solution, *_ = np.linalg.lstsq(rows[:, used + [num_devices]], y, rcond=None)
+    overhead = float(solution[-1])
+    if overhead < 0 or any(v <= 0 for v in solution[:-1]):
+        overhead = 0.0
+        solution = [rows[:, d] @ y / (rows[:, d] @ rows[:, d]) for d in used]
     scales = [1.0] * num_devices
-    for d, value in zip(used[:-1], solution[:-1]):
+    for d, value in zip(used, solution):
         scales[d] = float(value)
-    return tuple(scales), float(solution[-1])
+    return tuple(scales), overhead
 
 
 def _Makespan(sched: Schedule, compute: Mapping[Action, float], scales, per_action: float):

@@ -2,18 +2,21 @@
 
     times = cell_times.Profile(parent_p, cells, input_specs, sizes=(2, 16))
 
-Each cell is built once, on the default device, outside any pipeline, and run on its
-own, fed the previous cell's outputs. Per micro-batch size n of `sizes` and per cell,
-four tf.functions, each traced once: the forward (F); the forward and the gradient of
-its floating-point inputs; the forward and the gradient of its weights; an empty call
+Each cell is built once, on the default device, outside any pipeline, run on its own,
+fed the previous cell's outputs, and let go before the next is built (one cell's
+weights in memory at a time). Per micro-batch size n of `sizes` and per cell, four
+tf.functions, each traced once: the forward (F); the forward and the gradient of its
+floating-point inputs; the forward and the gradient of its weights, made dense as the
+executor's sum makes an embedding's (lingpipe.pipeline.gradient_sums); an empty call
 with the same inputs. I is the second less F, W the third less F, F itself less the
 empty call (a call's own cost is the action's, cost_model.MeasureActionSeconds). Each
-time is the best of `repeats`; per kind and cell a line `fixed + per_example * n`
-through the sizes (cost_model.FitLine).
+time is the median of `repeats` (as a step's time is measured), after a warm-up; per
+kind and cell a line `fixed + per_example * n` through the sizes (cost_model.FitLine).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,14 +27,19 @@ from lingpipe import base_layer, hyperparams
 from lingpipe.pipeline import cost_model, costs, micro_batch
 
 
-def _Best(fn: Callable[[], Any], repeats: int) -> float:
+def _Median(fn: Callable[[], Any], repeats: int) -> float:
     fn()  # trace and warm up
-    best = float("inf")
+    seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
         tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, fn())
-        best = min(best, time.perf_counter() - start)
-    return best
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def Dense(grads: Sequence[Any]) -> list:
+    """The gradients as the executor sums them: an embedding's tf.IndexedSlices dense."""
+    return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
 
 
 def Resized(specs: tuple, n: int, batch_dim: int = 0) -> tuple:
@@ -75,16 +83,16 @@ def _CellSeconds(cell: Any, args: tuple, repeats: int) -> tuple[tuple[float, flo
             ys = [o for o in tf.nest.flatten(y) if o.dtype.is_floating]
             picked = flat if sources is floats else weights
             grads = tape.gradient(ys, picked, output_gradients=dys) if ys and picked else []
-            return [g for g in grads if g is not None] or [tf.constant(0.0)]
+            return Dense([g for g in grads if g is not None]) or [tf.constant(0.0)]
 
         return lambda: Fn(*args)
 
     forward = tf.function(lambda *xs: cell.FProp(cell.theta, *xs), autograph=False)
     empty = tf.function(lambda *xs: tf.nest.flatten(xs)[0], autograph=False)
-    t_empty = _Best(lambda: empty(*args), repeats)
-    t_f = _Best(lambda: forward(*args), repeats)
-    t_i = _Best(Grad(floats), repeats) if floats else t_f
-    t_w = _Best(Grad(weights), repeats) if weights else t_f
+    t_empty = _Median(lambda: empty(*args), repeats)
+    t_f = _Median(lambda: forward(*args), repeats)
+    t_i = _Median(Grad(floats), repeats) if floats else t_f
+    t_w = _Median(Grad(weights), repeats) if weights else t_f
     return (max(0.0, t_f - t_empty), max(0.0, t_i - t_f), max(0.0, t_w - t_f)), out
 
 
@@ -98,24 +106,22 @@ def Profile(
 ) -> cost_model.CellTimes:
     """The cells' times (module doc); `input_specs`, the first cell's inputs for any batch
     (tf.TensorSpecs, NestedMaps of them, or shapes), are cut to each size of `sizes`."""
-    cells = []
+    sizes = list(sizes)
+    args = {
+        n: tuple(costs._SampleInput(s) for s in Resized(input_specs, n, batch_dim))  # noqa: SLF001
+        for n in sizes
+    }
+    lines: list[list] = [[], [], []]  # per kind (F, I, W), one line per cell
     for i, p in enumerate(cell_params):
         p = base_layer.BaseLayer.CopyBaseParams(parent_p, p.Copy())
         p.name = p.name or f"profile_cell_{i}"
-        cells.append(p.Instantiate())
-    measured = {}  # n -> [(F, I, W) per cell]
-    for n in sizes:
-        args = tuple(costs._SampleInput(s) for s in Resized(input_specs, n, batch_dim))  # noqa: SLF001
-        measured[n] = []
-        for cell in cells:
-            seconds, out = _CellSeconds(cell, args, repeats)
-            measured[n].append(seconds)
-            args = costs.AsArgs(out)
-    lines = [
-        tuple(
-            cost_model.FitLine(list(sizes), [measured[n][c][kind] for n in sizes])
-            for c in range(len(cells))
-        )
-        for kind in range(3)
-    ]
-    return cost_model.CellTimes(*lines, source="profile")
+        cell = p.Instantiate()
+        measured = []  # (F, I, W) per size
+        for n in sizes:
+            seconds, out = _CellSeconds(cell, args[n], repeats)
+            measured.append(seconds)
+            args[n] = costs.AsArgs(out)
+        for kind in range(3):
+            lines[kind].append(cost_model.FitLine(sizes, [m[kind] for m in measured]))
+        del cell
+    return cost_model.CellTimes(*(tuple(x) for x in lines), source="profile")

@@ -18,13 +18,20 @@ An action then costs (`ActionCosts`):
   I s m: the inputs' gradient + the replayed forward if (s, m) is not kept (remat.Kept:
     'always', 'except_last', or one policy per stage) + one action + the transfer of
     its inputs' gradient back;
-  W s m: the weights' gradient + one action;
+  W s m: the weights' gradient + its addition to the stage's running sum of them (the
+    executor adds every micro-batch's, lingpipe.pipeline.gradient_sums: the stage's
+    weight bytes at a measured rate per byte) + one action;
   B s m: I and W in one action (one fixed cost).
+Every time but the fixed cost and the transfers is multiplied by `contention`: how much
+slower a device computes while the other devices compute too (logical devices sharing
+a host's cores; 1 where each device has its own), measured by planner.MeasureRates.
 The fixed cost of an action (`MeasureActionSeconds`) is measured on the executor itself:
 steps of a pipeline of tiny stages at two numbers of micro-batches, whose difference
 over the difference of the simulated unit-cost makespans is the cost of one action.
-The step adds what is not an action: the optimizer's apply (its weights' bytes at a
-measured rate, each device its own in parallel) and, with replicas, the all-reduce.
+The step adds what is not an action: the sums' final scaling (1 / the micro-batches'
+weight, one pass over the weight bytes) and the optimizer's apply (its weights' bytes
+at a measured rate), each device its own in parallel, and, with replicas, the
+all-reduce.
 """
 
 from __future__ import annotations
@@ -119,6 +126,8 @@ def ActionCosts(
     action_s: float,
     remat: remat_lib.Remat,
     transfer: Callable[[int], float] | None = None,
+    sum_s: Sequence[float] | None = None,
+    contention: float = 1.0,
 ) -> dict[str, dict[tuple[int, int], float]]:
     """Per kind, {(stage, micro-batch): seconds} of every action of `sched` (module doc).
 
@@ -129,6 +138,9 @@ def ActionCosts(
       remat: the recompute policy (one, or one per stage).
       transfer: seconds to move the outputs of cell c (for one micro-batch) to
         another device; None: free.
+      sum_s: per stage, seconds to add one micro-batch's weight gradients to the
+        stage's sum (paid by each W, or B); None: free.
+      contention: the factor on every time but `action_s` and the transfers.
     """
     bounds = partition.Boundaries(list(counts))
     if len(bounds) != sched.num_stages:
@@ -140,7 +152,8 @@ def ActionCosts(
     out: dict[str, dict] = {k: {} for k in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)}
     for s, (lo, hi) in enumerate(bounds):
         cells = range(lo, hi)
-        f, i, w = (times.Seconds(k, cells, micro_batch) for k in "FIW")
+        f, i, w = (contention * times.Seconds(k, cells, micro_batch) for k in "FIW")
+        w += contention * (sum_s[s] if sum_s is not None else 0.0)
         move_in = move_back = 0.0
         if transfer is not None and s > 0 and sched.DeviceOf(s - 1) != sched.DeviceOf(s):
             move_in = transfer(lo - 1)
@@ -157,7 +170,8 @@ def ActionCosts(
 
 
 def OptimizerSeconds(device_weight_bytes: Sequence[float], apply_s_per_byte: float) -> float:
-    """The optimizer's apply: each device its own weights, in parallel."""
+    """The optimizer's apply (or any pass over the weights at `apply_s_per_byte`): each
+    device its own weights, in parallel."""
     return max(device_weight_bytes, default=0.0) * apply_s_per_byte
 
 
@@ -209,6 +223,53 @@ def MeasureActionSeconds(devices: Sequence[str], repeats: int = 7) -> float:
 
     (t2, u2), (t10, u10) = StepSeconds(2), StepSeconds(10)
     return max(0.0, (t10 - t2) / (u10 - u2))
+
+
+def MeasureAddSecondsPerByte(device: str, repeats: int = 5) -> float:
+    """Seconds per weight byte of adding a micro-batch's gradient to a running sum (what
+    the executor does per micro-batch and weight), on a 1M-element weight, less the
+    call of a function that does nothing."""
+    import tensorflow as tf
+
+    with tf.device(device):
+        a = tf.random.stateless_normal([1024, 1024], [1, 2])
+        b = tf.random.stateless_normal([1024, 1024], [3, 4])
+        small = tf.zeros([1])
+
+    add = tf.function(lambda: (a + b)[0, 0], autograph=False)
+    empty = tf.function(lambda: small + 1.0, autograph=False)
+    seconds = _Best(lambda: add().numpy(), repeats) - _Best(lambda: empty().numpy(), repeats)
+    return max(seconds, 0.0) / (4 * 1024 * 1024)
+
+
+def MeasureContention(devices: Sequence[str], repeats: int = 5) -> float:
+    """How much slower one device computes while every one of `devices` computes too:
+    a chain of four 512 x 512 matmuls on all of them at once (one tf.function), over
+    the same on the first alone; at least 1. Logical devices that share a host's cores
+    give up to their number; devices with their own (GPUs) about 1."""
+    import tensorflow as tf
+
+    devices = list(dict.fromkeys(devices))
+    if len(devices) < 2:
+        return 1.0
+    starts = []
+    for i, d in enumerate(devices):
+        with tf.device(d):
+            starts.append(tf.random.stateless_normal([512, 512], [i, 7]) / 512.0)
+
+    def Chain(d: str, x: Any) -> Any:
+        with tf.device(d):
+            for _ in range(4):
+                x = tf.matmul(x, x)
+            return x[0, 0]
+
+    one = tf.function(lambda: Chain(devices[0], starts[0]), autograph=False)
+    every = tf.function(
+        lambda: tf.add_n([Chain(d, x) for d, x in zip(devices, starts)]), autograph=False
+    )
+    alone = _Best(lambda: one().numpy(), repeats)
+    together = _Best(lambda: every().numpy(), repeats)
+    return min(max(together / max(alone, 1e-9), 1.0), float(len(devices)))
 
 
 def MeasureApplySecondsPerByte(device: str, repeats: int = 5) -> float:

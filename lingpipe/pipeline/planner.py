@@ -5,18 +5,22 @@ a recompute policy and a partition, the fastest predicted to fit a memory cap.
     result = planner.Search(model_costs, rates, num_devices=2, memory_per_device=2**30,
                             global_batch=32, memory_fn=...)
     result.chosen.Flags()                                # the trainer's flags
+    cal_costs, cal_rates = planner.Calibrated(costs, rates, calibration)
 
 Step time is predicted by simulating the candidate's schedule (lingpipe.pipeline.
 simulate) with the cost of every action (lingpipe.pipeline.cost_model.ActionCosts):
 each cell's forward, inputs' gradient and weights' gradient (profiled on the device,
 `ModelCosts.times`; else the forward FLOPs at the device's measured rate, each gradient
 as long), the forward replayed where the recompute policy drops the activations, a
-fixed cost per action (measured on the executor), and the transfer of a stage's inputs
-(and of their gradient back) as bytes over the measured bandwidth plus a latency when
-the neighbouring stage is on another device. The step adds the optimizer's apply (each
-device its weights' bytes at a measured rate) and, with R > 1 replicas, a ring
-all-reduce of each device's weight gradients. lingpipe.pipeline.calibrate fits the
-device scale and the fixed cost per action to a measured timeline.
+fixed cost per action (measured on the executor), each micro-batch's weight gradients
+added to the stage's sum (its weight bytes at a measured rate), and the transfer of a
+stage's inputs (and of their gradient back) as bytes over the measured bandwidth plus
+a latency when the neighbouring stage is on another device. Where several devices
+compute at once, their compute is slower by the measured `contention` (logical devices
+sharing a host's cores). The step adds the sums' final scaling and the optimizer's
+apply (each device its weights' bytes at measured rates) and, with R > 1 replicas, a
+ring all-reduce of each device's weight gradients. lingpipe.pipeline.calibrate fits
+the device scale and the fixed cost per action to a measured timeline (`Calibrated`).
 Memory per device comes from the caller's `memory_fn` (lingpipe.plan estimates it from
 the schedule with lingpipe.pipeline.memory: micro-batches alive, weight gradients held
 by deferred W's, optimizer slots, workspace, every stage the device holds).
@@ -32,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lingpipe.pipeline import cost_model, generators, partition, simulate
+from lingpipe.pipeline import cost_model, generators, partition, settings, simulate
 
 # Schedules the search tries by default, with their stages per device (v).
 SCHEDULES = (
@@ -51,13 +55,17 @@ MICRO_BATCHES = (1, 2, 4, 8, 16)
 @dataclasses.dataclass(frozen=True)
 class Rates:
     """What a device does per second: FLOPs, the fixed cost of one action, cross-device
-    transfer (bytes per second and a latency), and the optimizer's apply per weight byte."""
+    transfer (bytes per second and a latency), the optimizer's apply and a gradient's
+    addition to a sum per weight byte, and `contention`: the factor on compute while
+    every device computes (1: devices with cores of their own)."""
 
     flops_per_s: float
     action_s: float
     bytes_per_s: float
     latency_s: float
     apply_s_per_byte: float = 0.0
+    add_s_per_byte: float = 0.0
+    contention: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,18 +96,16 @@ class Candidate:
     peak_bytes: tuple[int, ...] = ()  # per device of one pipeline
 
     def Flags(self) -> dict[str, Any]:
-        """The trainer's flags for this plan."""
-        flags: dict[str, Any] = dict(
-            num_stages=self.num_stages,
-            num_micro_batches=self.num_micro_batches,
-            schedule=self.schedule,
-        )
-        if self.num_virtual_stages > 1:
-            flags["num_virtual_stages"] = self.num_virtual_stages
+        """The trainer's flags for this plan: each pipeline setting it fixes (settings.FLAGS;
+        the partition as its counts per stage), and the strategy and devices of its
+        replicas."""
+        flags = {name: getattr(self, name) for name in settings.FLAGS if hasattr(self, name)}
+        flags["partition"] = list(self.partition)
+        if isinstance(self.remat, (list, tuple)):
+            flags["remat"] = list(self.remat)
         if self.replicas > 1:
             flags["strategy"] = "mirrored"
             flags["logical_devices"] = self.replicas * self.num_stages
-        flags["params_override"] = f'remat : "{self.remat}"; partition : "{self.partition_policy}"'
         return flags
 
     def Describe(self) -> str:
@@ -126,13 +132,17 @@ class Result:
     runners_up: list[Candidate]
     refused: list[Refused]
     searched: int
+    ranked: list[Candidate] = dataclasses.field(default_factory=list)  # all that fit, fastest first
+    costs: ModelCosts | None = None  # what the caller planned with
+    costs_note: str = ""  # which costs, in a line (lingpipe.plan's screen)
 
 
 def MeasureRates(device: str | None = None) -> Rates:
     """This machine's rates, measured in a few seconds: a 512 x 512 matmul's FLOPs per
     second, the executor's fixed cost per action (cost_model.MeasureActionSeconds), a
-    4 MiB copy between two devices (the same device when there is one), and Adam's
-    apply per weight byte."""
+    4 MiB copy between two devices (the same device when there is one), Adam's apply
+    and a sum's addition per weight byte, and the contention of every device
+    computing at once (cost_model.MeasureContention)."""
     import tensorflow as tf
 
     devices = [d.name for d in tf.config.list_logical_devices()]
@@ -167,7 +177,10 @@ def MeasureRates(device: str | None = None) -> Rates:
     copy_s = Best(lambda: Copy().numpy())
     action = cost_model.MeasureActionSeconds([here] if here == there else [here, there])
     apply = cost_model.MeasureApplySecondsPerByte(here)
-    return Rates(flops, action, 4 * 2**20 / max(copy_s - call, 1e-9), call, apply)
+    add = cost_model.MeasureAddSecondsPerByte(here)
+    contention = cost_model.MeasureContention(gpus or devices)
+    bandwidth = 4 * 2**20 / max(copy_s - call, 1e-9)
+    return Rates(flops, action, bandwidth, call, apply, add, contention)
 
 
 def CellTimesOf(costs: ModelCosts, rates: Rates) -> cost_model.CellTimes:
@@ -175,41 +188,100 @@ def CellTimesOf(costs: ModelCosts, rates: Rates) -> cost_model.CellTimes:
     return costs.times or cost_model.FlopTimes(costs.flops, rates.flops_per_s)
 
 
-def PredictSeconds(
-    candidate: Candidate, costs: ModelCosts, rates: Rates, global_batch: int
-) -> float:
-    """The candidate's step time: its schedule simulated with every action's cost
-    (cost_model.ActionCosts), plus the optimizer's apply and the replicas' all-reduce."""
-    sched = generators.Make(
-        candidate.schedule,
-        candidate.num_stages,
-        candidate.num_micro_batches,
-        candidate.num_virtual_stages,
-    )
+def Contention(candidate: Candidate, rates: Rates) -> float:
+    """The factor on the candidate's compute: rates.contention where it uses more than
+    one device (all of them compute at once), else 1."""
+    return rates.contention if candidate.replicas * candidate.num_stages > 1 else 1.0
+
+
+def ActionSeconds(
+    candidate: Candidate,
+    costs: ModelCosts,
+    rates: Rates,
+    global_batch: int,
+    action_s: float | None = None,
+) -> dict[str, dict[tuple[int, int], float]]:
+    """Per kind, {(stage, micro-batch): seconds} of the candidate's actions
+    (cost_model.ActionCosts with this model's cells, sums and transfers); `action_s`
+    replaces rates.action_s (0: the actions' compute alone, what calibrate.Fit takes)."""
+    sched = ScheduleOf(candidate)
     micro = global_batch / candidate.replicas / candidate.num_micro_batches
 
     def Transfer(cell: int) -> float:
         return costs.out_bytes[cell] * micro / rates.bytes_per_s + rates.latency_s
 
-    per_action = cost_model.ActionCosts(
+    stage_bytes = [
+        sum(costs.weight_bytes[lo:hi]) for lo, hi in partition.Boundaries(list(candidate.partition))
+    ]
+    return cost_model.ActionCosts(
         sched,
         candidate.partition,
         CellTimesOf(costs, rates),
         micro,
-        rates.action_s,
+        rates.action_s if action_s is None else action_s,
         candidate.remat,
         Transfer,
+        sum_s=[b * rates.add_s_per_byte for b in stage_bytes],
+        contention=Contention(candidate, rates),
     )
-    seconds = simulate.Simulate(sched, per_action).makespan
+
+
+def ScheduleOf(candidate: Candidate) -> Any:
+    """The candidate's schedule (generators.Make)."""
+    return generators.Make(
+        candidate.schedule,
+        candidate.num_stages,
+        candidate.num_micro_batches,
+        candidate.num_virtual_stages,
+    )
+
+
+def Compute(candidate: Candidate, costs: ModelCosts, rates: Rates, global_batch: int) -> dict:
+    """{Action: seconds} of every action of the candidate's schedule without the fixed
+    cost per action: what calibrate.Fit compares with the timeline's busy times."""
+    per_kind = ActionSeconds(candidate, costs, rates, global_batch, action_s=0.0)
+    sched = ScheduleOf(candidate)
+    return {
+        a: per_kind[a.kind][(a.stage, a.micro_batch)] for acts in sched.device_actions for a in acts
+    }
+
+
+def OutsideSeconds(candidate: Candidate, costs: ModelCosts, rates: Rates) -> float:
+    """What the step adds to the pipeline's makespan: the sums' final scaling and the
+    optimizer's apply (each device its weights, in parallel), and the replicas'
+    ring all-reduce."""
+    sched = ScheduleOf(candidate)
     device_bytes = [0.0] * sched.num_devices
     for s, (lo, hi) in enumerate(partition.Boundaries(list(candidate.partition))):
         device_bytes[sched.DeviceOf(s)] += sum(costs.weight_bytes[lo:hi])
-    seconds += cost_model.OptimizerSeconds(device_bytes, rates.apply_s_per_byte)
+    per_byte = (rates.apply_s_per_byte + rates.add_s_per_byte) * Contention(candidate, rates)
+    seconds = cost_model.OptimizerSeconds(device_bytes, per_byte)
     if candidate.replicas > 1:
         r = candidate.replicas
         grads = max(device_bytes)
         seconds += 2 * (r - 1) / r * grads / rates.bytes_per_s + rates.latency_s
     return seconds
+
+
+def PredictSeconds(
+    candidate: Candidate, costs: ModelCosts, rates: Rates, global_batch: int
+) -> float:
+    """The candidate's step time: its schedule simulated with every action's cost
+    (ActionSeconds), plus what the step adds outside the pipeline (OutsideSeconds)."""
+    per_action = ActionSeconds(candidate, costs, rates, global_batch)
+    makespan = simulate.Simulate(ScheduleOf(candidate), per_action).makespan
+    return makespan + OutsideSeconds(candidate, costs, rates)
+
+
+def Calibrated(costs: ModelCosts, rates: Rates, calibration: Any) -> tuple[ModelCosts, Rates]:
+    """The costs and rates a calibrate.Calibration gives: the cells' times times its
+    device scale (FLOPs at the rate over it where there is no profile), and its fixed
+    cost per action."""
+    if costs.times is None:
+        rates = dataclasses.replace(rates, flops_per_s=rates.flops_per_s / calibration.scale)
+    else:
+        costs = dataclasses.replace(costs, times=costs.times.Scaled(calibration.scale))
+    return costs, dataclasses.replace(rates, action_s=calibration.action_s)
 
 
 def Partitions(costs: ModelCosts, num_stages: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -292,4 +364,4 @@ def Search(
     refused.sort(key=lambda x: (x.excess_bytes, x.candidate.num_stages))
     chosen = ranked[0] if ranked else None
     searched = len(fits) + len(refused)
-    return Result(chosen, ranked[1 : 1 + keep], refused, searched)
+    return Result(chosen, ranked[1 : 1 + keep], refused, searched, ranked)

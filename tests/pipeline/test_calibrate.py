@@ -67,3 +67,18 @@ def test_spans_of_another_schedule_are_refused_by_name():
         calibrate.Fit(spans, sched, compute)
     with pytest.raises(ValueError, match=r"received none$"):
         calibrate.Fit([], sched, compute)
+
+
+def test_a_fit_that_would_need_a_negative_overhead_has_none():
+    # Busy time proportional to compute with noise that a free fit reads as a negative
+    # fixed cost (busy 0.9 ms at compute 1 ms, 2.1 ms at 2 ms): the overhead is 0 and
+    # each device's scale its busy over compute, by least squares through the origin.
+    rows = [(0, 1e-3, 0.9e-3), (0, 2e-3, 2.1e-3), (1, 1e-3, 0.9e-3), (1, 2e-3, 2.1e-3)]
+    scales, overhead = calibrate.FitBusy(rows, 2)
+    assert overhead == 0.0
+    want = (0.9 * 1 + 2.1 * 2) / (1 + 4)
+    assert scales == pytest.approx((want, want))
+    # Equal compute everywhere (FLOPs): the fit is undetermined; no scale <= 0.
+    flat = [(0, 1e-3, 5e-3), (0, 1e-3, 6e-3), (1, 1e-3, 4e-3)]
+    scales, overhead = calibrate.FitBusy(flat, 2)
+    assert overhead >= 0 and all(v > 0 for v in scales)

@@ -58,15 +58,33 @@ def test_when_pipelining_loses_k_1_is_chosen():
 
 
 def test_the_flags_are_the_trainers():
-    c = _Search(20 * 2**20).chosen
+    from lingpipe.pipeline import settings
+    from lingpipe.runners import plan_flags
+
+    c = planner.Candidate(1, 2, 4, "interleaved_1f1b", 2, "never", (2, 2, 2, 2), "flops")
     flags = c.Flags()
-    assert flags["num_stages"] == c.num_stages and flags["schedule"] == c.schedule
-    assert f'remat : "{c.remat}"' in flags["params_override"]
+    # Every setting the candidate fixes, under the trainer's flag names; the partition
+    # as counts per stage: what --plan=FILE reads, each value one its setting takes.
+    assert flags == {
+        "num_stages": c.num_stages,
+        "num_micro_batches": c.num_micro_batches,
+        "schedule": c.schedule,
+        "num_virtual_stages": c.num_virtual_stages,
+        "remat": c.remat,
+        "partition": list(c.partition),
+    }
+    for name, value in flags.items():
+        assert settings.Problem(name, value) is None, (name, value)
+    replicated = dataclasses.replace(c, replicas=2, remat=("always", "never"))
+    flags = replicated.Flags()
+    assert flags["strategy"] == "mirrored" and flags["logical_devices"] == 2 * c.num_stages
+    assert flags["remat"] == ["always", "never"]
+    assert set(flags) <= set(plan_flags.PLAN_FLAGS)
 
 
 # Two cells of 1 s forward, 1 s inputs' gradient, 1 s weights' gradient (fixed, for any
 # micro-batch), 100 weight bytes each; one per stage.
-from lingpipe.pipeline import cost_model, generators, simulate  # noqa: E402
+from lingpipe.pipeline import calibrate, cost_model, generators, simulate  # noqa: E402
 
 ONE_SECOND = cost_model.CellTimes(((1.0, 0.0),) * 2, ((1.0, 0.0),) * 2, ((1.0, 0.0),) * 2)
 TWO_CELLS = planner.ModelCosts((1.0, 1.0), (1000, 1000), (100, 100), ONE_SECOND)
@@ -128,3 +146,51 @@ def test_without_a_profile_the_cells_take_their_flops_at_the_measured_rate():
     # fixed cost: dev 1 F0 [1, 2] B0 [2, 4] F1 [4, 5] B1 [5, 7]; dev 0 B1 [7, 9].
     c = planner.Candidate(1, 2, 2, "1f1b", 1, "never", (1, 1))
     assert planner.PredictSeconds(c, costs, rates, global_batch=4) == pytest.approx(9.0)
+
+
+def test_each_micro_batch_adds_its_weight_gradients_to_the_sum():
+    # 100 weight bytes per cell at 0.005 s a byte: every B pays 0.5 s more, and the step
+    # 0.5 s for the sums' final scaling (one pass over each device's weights).
+    #   dev 1: F0 [1, 2] B0 [2, 4.5] F1 [4.5, 5.5] B1 [5.5, 8]
+    #   dev 0: F0 [0, 1] F1 [1, 2] B0 [4.5, 7] B1 [8, 10.5]          -> 10.5 + 0.5
+    rates = planner.Rates(1.0, action_s=0.0, bytes_per_s=1e30, latency_s=0.0)
+    assert _Predict("1f1b", "never", rates) == pytest.approx(9.0)
+    summing = dataclasses.replace(rates, add_s_per_byte=0.005)
+    assert _Predict("1f1b", "never", summing) == pytest.approx(11.0)
+    # Zero bubble: the sum is paid by W, not by I.
+    sched = generators.Make("zero_bubble", 2, 2)
+    c = planner.Candidate(1, 2, 2, "zero_bubble", 1, "never", (1, 1))
+    per_kind = planner.ActionSeconds(c, TWO_CELLS, summing, 4)
+    assert per_kind["W"][(0, 1)] == pytest.approx(1.5)
+    assert per_kind["I"][(0, 1)] == pytest.approx(1.0)
+    assert sched.has_backward
+
+
+def test_contention_slows_the_compute_where_several_devices_compute():
+    # Contention 2: every cell's time doubles, the fixed cost (0.5 s) does not.
+    #   F = 2.5, B = 4.5. dev 0: F0 [0, 2.5] F1 [2.5, 5]; dev 1: F0 [2.5, 5] B0 [5, 9.5]
+    #   F1 [9.5, 12] B1 [12, 16.5]; dev 0: B0 [9.5, 14] B1 [16.5, 21].
+    rates = planner.Rates(1.0, action_s=0.5, bytes_per_s=1e30, latency_s=0.0, contention=2.0)
+    assert _Predict("1f1b", "never", rates) == pytest.approx(21.0)
+    # One device alone computes uncontended: 2 x F (2 cells + 0.5) + 2 x B (4 + 0.5).
+    alone = planner.Candidate(1, 1, 2, "gpipe", 1, "never", (2,))
+    assert planner.PredictSeconds(alone, TWO_CELLS, rates, 4) == pytest.approx(14.0)
+    # Two replicas of it compute at once: contended.
+    pair = dataclasses.replace(alone, replicas=2)
+    fast = dataclasses.replace(rates, bytes_per_s=1e30, latency_s=0.0)
+    assert planner.PredictSeconds(pair, TWO_CELLS, fast, 8) == pytest.approx(2 * 4.5 + 2 * 8.5)
+
+
+def test_the_calibrated_costs_scale_the_cells_and_replace_the_fixed_cost():
+    cal = calibrate.Calibration((1.5, 2.5), 0.1, 0.2, 1.0, 10)
+    rates = planner.Rates(2.0, action_s=0.0, bytes_per_s=1e30, latency_s=0.0)
+    costs, cal_rates = planner.Calibrated(TWO_CELLS, rates, cal)
+    assert costs.times.forward == ((2.0, 0.0),) * 2 and cal_rates.action_s == pytest.approx(0.3)
+    flops = dataclasses.replace(TWO_CELLS, times=None)
+    flops_costs, flops_rates = planner.Calibrated(flops, rates, cal)
+    assert flops_costs.times is None and flops_rates.flops_per_s == pytest.approx(1.0)
+    # What calibrate.Fit compares with the timeline: each action's compute, no fixed cost.
+    c = planner.Candidate(1, 2, 2, "1f1b", 1, "never", (1, 1))
+    compute = planner.Compute(c, costs, cal_rates, 4)
+    assert len(compute) == 8
+    assert {round(v, 6) for v in compute.values()} == {2.0, 4.0}
