@@ -44,6 +44,7 @@ import sys
 PIPELINE = {
     # Running a training step.
     "driver": "step/driver",
+    "settings": "step/settings",
     "executor": "step/executor",
     "gradient_sums": "step/gradient_sums",
     "micro_batch": "step/micro_batch",
@@ -64,6 +65,9 @@ PIPELINE = {
     "partition": "planning/partition",
     "planner": "planning/planner",
     "report": "planning/report",
+    "calibrate": "planning/calibrate",
+    "cell_times": "planning/cell_times",
+    "cost_model": "planning/cost_model",
     # Looking at a run.
     "memory": "observe/memory",
     "plot": "observe/plot",
