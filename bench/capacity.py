@@ -14,7 +14,7 @@ process that splits GPU 0 into K logical GPUs of `--cap_mib` each
 (`tf.config.set_logical_device_configuration` with `memory_limit`) and trains two
 steps with Adam: an out-of-memory is real; a binary search over the depth finds
 the largest that runs. Without a GPU (`--mode=estimate`) the depth is searched with
-lingpipe.pipeline.memory's estimate of each stage's training step (Adam's slots
+lingpipe.pipeline.observe.memory's estimate of each stage's training step (Adam's slots
 included), and for the configurations small enough to run here the estimate is
 checked against the measured peak of the step on CPU (no optimizer on either
 side; one allocator serves every logical CPU device, so totals are compared).
@@ -71,8 +71,10 @@ def Pipeline(cfg: dict, layers: int, stages: int, micro: int, remat: str, device
 
 
 def Estimate(cfg: dict, layers: int, stages: int, micro: int, remat: str, slots: float):
-    """lingpipe.pipeline.memory's per-stage estimate, from params alone (nothing built)."""
-    from lingpipe.pipeline import generators, memory, partition
+    """lingpipe.pipeline.observe.memory's per-stage estimate, from params alone (nothing built)."""
+    from lingpipe.pipeline.observe import memory
+    from lingpipe.pipeline.planning import partition
+    from lingpipe.pipeline.schedules import generators
 
     p = Pipeline(cfg, layers, stages, micro, remat)
     bounds = partition.Boundaries(partition.MinMaxPartition([1.0] * layers, stages))
@@ -280,9 +282,10 @@ def Header(cfg: dict, mode: str, size: str) -> str:
     how = (
         "measured: each probe trains on K logical GPUs with memory_limit, an OOM is real"
         if mode == "gpu"
-        else "estimate-based (no GPU): depth searched with lingpipe.pipeline.memory's estimate "
-        "(Adam slots included); measured_mib / estimate_mib check the estimate of the same "
-        "step without an optimizer against the CPU allocator's peak (all devices together)"
+        else "estimate-based (no GPU): depth searched with "
+        "lingpipe.pipeline.observe.memory's estimate (Adam slots included); "
+        "measured_mib / estimate_mib check the estimate of the same step without an "
+        "optimizer against the CPU allocator's peak (all devices together)"
     )
     return (
         f"capacity ({size}): largest Transformer stack (dims={cfg['dims']}, heads={cfg['heads']}, "

@@ -13,7 +13,7 @@ Sections (bench/README.md, "GPU evidence", says more):
              pipelined over K = 2, 4, 8 (bench/capacity.py's GPU mode); the ratio at
              K=8 against naive (GPipe reports 25x).
   memory     each logical GPU's peak in a pipelined training step against
-             lingpipe.pipeline.memory's estimate, for gpipe, 1f1b and zbv.
+             lingpipe.pipeline.observe.memory's estimate, for gpipe, 1f1b and zbv.
   speed      the plain stack against gpipe, 1f1b, zero_bubble and zbv over 4 logical
              GPUs, side by side in one process.
   precision  bfloat16 with XLA (per stage) against float32, side by side in one process.
@@ -294,7 +294,7 @@ def Capacity(runner: Runner, machine: dict) -> dict:
     if runner.smoke or not machine.get("gpus"):
         fields["note"] = (
             "estimate only: no GPU, and logical CPU devices take no memory_limit, so no real "
-            "out-of-memory; depths searched with lingpipe.pipeline.memory's estimate "
+            "out-of-memory; depths searched with lingpipe.pipeline.observe.memory's estimate "
             "(bench/capacity.py --mode=estimate)"
         )
     else:

@@ -176,14 +176,14 @@ def Capacity(smoke: bool, parallel: int) -> None:
 
 def Memory(smoke: bool, schedule: str) -> None:
     """One schedule's training step (ForwardBackward, no optimizer): each device's peak
-    against lingpipe.pipeline.memory's estimate of that device; on CPU, where one
+    against lingpipe.pipeline.observe.memory's estimate of that device; on CPU, where one
     allocator serves every logical device, the total against the estimate's total."""
     sizes = SIZES[Mode(smoke)]
     cfg = sizes["memory"]
     Setup(cfg["stages"], smoke, cfg.get("device_mib"))
     import tensorflow as tf
 
-    from lingpipe.pipeline import memory
+    from lingpipe.pipeline.observe import memory
 
     common.MODELS["transformer"] = Model(Mode(smoke), "memory")
     base = dict(schedule=schedule, stages=cfg["stages"], micro_batches=cfg["micro"])
@@ -217,7 +217,7 @@ def Speed(smoke: bool, budget_s: float) -> None:
     cfg = sizes["speed"]
     k, m = cfg["stages"], cfg["micro"]
     Setup(k, smoke, cfg.get("device_mib"))
-    from lingpipe.pipeline import generators, simulate
+    from lingpipe.pipeline.schedules import generators, simulate
 
     common.MODELS["transformer"] = Model(Mode(smoke), "speed")
     inputs = common.Inputs("transformer")

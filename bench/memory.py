@@ -7,7 +7,7 @@ Each configuration runs in its own process. On CPU, TensorFlow counts the whole
 process in one allocator (all logical devices together), so the peak is the
 step's total, not one device's; on a GPU machine read per-device numbers instead.
 
-Beside each pipelined row: the estimate of lingpipe.pipeline.memory (the sum over
+Beside each pipelined row: the estimate of lingpipe.pipeline.observe.memory (the sum over
 stages of PartitionReport's totals, no optimizer slots: the step only computes
 gradients), its ratio to the measured peak, and the simulated peak of alive
 micro-batches per stage.

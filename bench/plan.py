@@ -13,7 +13,7 @@ training step (lingpipe's Adam included) and its memory, and times 5 steps after
 untimed. R=2 is data parallelism written out: one K=1 pipeline per device, each with
 its own weights and Adam slots, the gradients averaged. One configuration (1F1B, M=4)
 is recorded with the timeline and the cost model calibrated on it
-(lingpipe.pipeline.calibrate); each row holds the uncalibrated and the calibrated
+(lingpipe.pipeline.planning.calibrate); each row holds the uncalibrated and the calibrated
 prediction. Memory: one allocator serves both CPU devices, so the measured figure is
 the process's peak during the steps less what was in use before the configuration was
 built, beside the estimate summed over devices and replicas. Each row records the
@@ -91,7 +91,7 @@ def Model(name: str):
 
 def Grid(cfg: dict, num_cells: int, batch: int) -> list:
     """R=2 x K=1 (one schedule: the same work in any order) and R=1 x K=2 candidates."""
-    from lingpipe.pipeline import planner
+    from lingpipe.pipeline.planning import planner
 
     schedules = cfg["schedules"] or planner.SCHEDULES
     grid = []
@@ -103,7 +103,7 @@ def Grid(cfg: dict, num_cells: int, batch: int) -> list:
 
 
 def _Kept(c):
-    from lingpipe.pipeline import generators
+    from lingpipe.pipeline.schedules import generators
 
     return generators.Make(c.schedule, c.num_stages, c.num_micro_batches, c.num_virtual_stages)
 
@@ -111,7 +111,9 @@ def _Kept(c):
 def EstimateDevices(pipe_p, inputs, c, traced_cache: dict) -> list[int]:
     """The estimate per device of one pipeline of candidate c (Adam's slots)."""
     from lingpipe import optimizers
-    from lingpipe.pipeline import memory, partition, remat
+    from lingpipe.pipeline.observe import memory
+    from lingpipe.pipeline.planning import partition
+    from lingpipe.pipeline.step import remat
 
     sched = _Kept(c)
     specs = tuple(_Specs(x, c.replicas) for x in inputs)
@@ -212,8 +214,9 @@ def Measure(step, steps: int) -> tuple[float, int]:
 
 
 def Calibrate(pipe_p, inputs, loss_fn, costs, rates, c, batch):
-    """A calibration (lingpipe.pipeline.calibrate) from 3 recorded steps of candidate c."""
-    from lingpipe.pipeline import calibrate, planner, timeline
+    """A calibration (lingpipe.pipeline.planning.calibrate) from 3 recorded steps of candidate c."""
+    from lingpipe.pipeline.observe import timeline
+    from lingpipe.pipeline.planning import calibrate, planner
 
     step, pipes = BuildStep(pipe_p, inputs, loss_fn, c)
     sched = pipes[0].Schedule()
@@ -233,8 +236,8 @@ def Child(model: str, quick: bool, steps: int) -> dict:
 
     import tensorflow as tf
 
-    from lingpipe.pipeline import cell_times, planner
-    from lingpipe.pipeline import costs as costs_lib
+    from lingpipe.pipeline.planning import cell_times, planner
+    from lingpipe.pipeline.planning import costs as costs_lib
 
     cfg = QUICK if quick else FULL
     pipe_p, inputs, loss_fn = Model(model)
@@ -294,7 +297,7 @@ def Row(
 ):
     import tensorflow as tf
 
-    from lingpipe.pipeline import planner
+    from lingpipe.pipeline.planning import planner
 
     gc.collect()
     before = tf.config.experimental.get_memory_info("CPU:0")["current"]
@@ -331,8 +334,8 @@ def PlanHundred() -> dict:
     import tensorflow as tf
 
     from lingpipe.layers import gpipe, linear
-    from lingpipe.pipeline import costs as costs_lib
-    from lingpipe.pipeline import planner
+    from lingpipe.pipeline.planning import costs as costs_lib
+    from lingpipe.pipeline.planning import planner
 
     cell = linear.ProjectionLayer.Params().Set(input_dims=512, output_dims=512, activation="RELU")
     pipe_p = gpipe.PipeliningLayer.Params().Set(

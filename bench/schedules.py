@@ -6,7 +6,7 @@
 
 `--simulated` runs no model: each schedule at K=4, M=8 (`--stages`,
 `--micro_batches`) under unit costs (F = I = W = 1, B = 2) through
-lingpipe.pipeline.simulate, giving its bubble, makespan and peak alive micro-batches
+lingpipe.pipeline.schedules.simulate, giving its bubble, makespan and peak alive micro-batches
 per device (all of a device's stages together, so a V-shaped or interleaved
 schedule's two half-size stages count twice).
 
@@ -68,7 +68,7 @@ def Child(model: str, stages: int, micro: int, schedule: str, v: int, steps: int
     import tensorflow as tf
 
     from lingpipe.layers import gpipe, sequential
-    from lingpipe.pipeline import generators, simulate
+    from lingpipe.pipeline.schedules import generators, simulate
 
     cells = common.CellParams(model)
     if schedule == "plain":
@@ -96,7 +96,7 @@ def Child(model: str, stages: int, micro: int, schedule: str, v: int, steps: int
 
 def Simulated(k: int, m: int) -> list[dict]:
     """Each schedule's simulated figures at K devices and M micro-batches (unit costs)."""
-    from lingpipe.pipeline import generators, simulate
+    from lingpipe.pipeline.schedules import generators, simulate
 
     rows = []
     for name in generators.SCHEDULES:

@@ -6,7 +6,7 @@ One process per schedule: K=2 logical CPU devices, M=8 micro-batches, intra_op=1
 and inter_op=K (one thread per stage), the speed MLP (8 cells of
 512 x 512, batch 512), remat 'never'. Each process profiles 3 training steps
 (`PipeliningLayer.ForwardBackward` in a tf.function, after one unprofiled step)
-with lingpipe.pipeline.timeline.Record. `idle` is the share of the steps' time
+with lingpipe.pipeline.observe.timeline.Record. `idle` is the share of the steps' time
 in which no op of the device's actions ran; `sim_idle` is the simulation's
 (F=1, B=2, I=W=1 time units). CPU figures are shares, not speeds: a benchmark,
 never a test.
@@ -39,7 +39,8 @@ def Child(schedule: str, virtual: int) -> dict:
 
     from lingpipe.layers import gpipe
     from lingpipe.nested_map import NestedMap
-    from lingpipe.pipeline import simulate, timeline
+    from lingpipe.pipeline.observe import timeline
+    from lingpipe.pipeline.schedules import simulate
 
     pipe = (
         gpipe.PipeliningLayer.Params()
@@ -61,7 +62,7 @@ def Child(schedule: str, virtual: int) -> dict:
     with tempfile.TemporaryDirectory() as logdir:
         spans = timeline.Record(Step, logdir, pipe, num_steps=STEPS)
     png = os.path.join(RESULTS, f"timeline_{schedule}.png")
-    from lingpipe.pipeline import plot
+    from lingpipe.pipeline.observe import plot
 
     plot.PlotSpans([s for s in spans if s.step == STEPS - 1], sched, png)
     busy = timeline.BusyShare(spans, K)

@@ -66,7 +66,7 @@ BASE_CLASS_PATHS = (
     "lingpipe.base_layer.BaseLayer",
     "lingpipe.inputs.base_input.BaseInputGenerator",
     "lingpipe.optimizers.BaseOptimizer",
-    "lingpipe.schedules.BaseSchedule",
+    "lingpipe.lr_schedules.BaseSchedule",
 )
 
 

@@ -5,14 +5,14 @@
         --memory_per_device=64MiB --global_batch=64 --json=plan.json --verify=2
 
 It searches N devices as R replicas x K stages, M micro-batches, the schedule (and its
-stages per device), the recompute policy and the partition (lingpipe.pipeline.planner),
+stages per device), the recompute policy and the partition (lingpipe.pipeline.planning.planner),
 and prints one screen: the chosen plan as the trainer flags to pass, with its predicted
 step time and peak memory per device; the runners-up; why the rest were refused; the
 costs it used. The model is never built whole, nor once per candidate: each cell's
-FLOPs and shapes come from its FPropMeta, its memory from lingpipe.pipeline.memory's
+FLOPs and shapes come from its FPropMeta, its memory from lingpipe.pipeline.observe.memory's
 estimate, the device's rates are measured here once, and each cell's forward, inputs'
 gradient and weights' gradient are profiled once, alone, at the smallest and largest
-micro-batch any candidate runs (lingpipe.pipeline.cell_times).
+micro-batch any candidate runs (lingpipe.pipeline.planning.cell_times).
 
   --costs=auto  (default) the profiled times where the largest cell can be profiled on
                 this device (3 x its weights and 4 x its outputs at the largest
@@ -21,7 +21,7 @@ micro-batch any candidate runs (lingpipe.pipeline.cell_times).
                 --costs=flops forces one
   --calibrate[=STEPS]  also builds the fastest predicted pipeline (K >= 2) of the task,
                 times STEPS (default 3) training steps and records them with the
-                timeline, fits the cost model to them (lingpipe.pipeline.calibrate:
+                timeline, fits the cost model to them (lingpipe.pipeline.planning.calibrate:
                 the devices' scale, the fixed cost per action) and plans again with
                 the fitted costs
 
@@ -109,7 +109,7 @@ class RegisteredModel:
 
     def Costs(self) -> Any:
         """Per example: each cell's FLOPs, output bytes and weight bytes (planner.ModelCosts)."""
-        from lingpipe.pipeline import costs, planner
+        from lingpipe.pipeline.planning import costs, planner
 
         pipe_p = self._PipelineParams(1, partition="flops")
         metas = costs.CellMetas(pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes))
@@ -122,7 +122,7 @@ class RegisteredModel:
     def Profiled(self, flop_costs: Any, sizes: list[int]) -> Any:
         """`flop_costs` with each cell's times profiled at micro-batches of `sizes`
         (cell_times.Profile: each cell built once, alone)."""
-        from lingpipe.pipeline import cell_times
+        from lingpipe.pipeline.planning import cell_times
 
         pipe_p = self._PipelineParams(self.global_batch)
         times = cell_times.Profile(pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes), sizes)
@@ -152,7 +152,10 @@ class RegisteredModel:
 
     def Memory(self, c: Any) -> list[int]:
         """Bytes per device of one pipeline of candidate `c` in a training step."""
-        from lingpipe.pipeline import generators, memory, partition, remat
+        from lingpipe.pipeline.observe import memory
+        from lingpipe.pipeline.planning import partition
+        from lingpipe.pipeline.schedules import generators
+        from lingpipe.pipeline.step import remat
 
         batch = self.global_batch // c.replicas
         pipe_p = self._PipelineParams(
@@ -253,7 +256,7 @@ def Plan(
     `costs`: 'auto', 'profile' or 'flops' (ChooseCosts), or a planner.ModelCosts.
     The result's `costs_note` says which costs were used.
     """
-    from lingpipe.pipeline import planner
+    from lingpipe.pipeline.planning import planner
 
     flop_costs = model.Costs() if isinstance(costs, str) else costs
     candidates = planner.Candidates(
@@ -302,7 +305,7 @@ def Calibrate(
     """(costs, rates, the calibrate.Calibration, a line) fitted to `steps` recorded
     training steps of the fastest predicted pipeline of `result` (K >= 2; one replica
     of it), module doc. Raises PlanError when no pipeline fits."""
-    from lingpipe.pipeline import calibrate, planner
+    from lingpipe.pipeline.planning import calibrate, planner
 
     pipelines = [c for c in result.ranked if c.num_stages > 1]
     if not pipelines:
@@ -314,7 +317,7 @@ def Calibrate(
     batch = model.global_batch // pipelines[0].replicas
     step, pipeline = model.TrainStep(c, batch)
     unprofiled = _MedianSeconds(step, steps)
-    from lingpipe.pipeline import timeline
+    from lingpipe.pipeline.observe import timeline
 
     with tempfile.TemporaryDirectory() as logdir:
         spans = timeline.Record(step, logdir, pipeline, num_steps=steps)
@@ -465,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.devices > 1:
             cluster.SetLogicalCpuDevices(args.devices)  # without accelerators: CPU devices
-        from lingpipe.pipeline import planner
+        from lingpipe.pipeline.planning import planner
 
         model = RegisteredModel(args.model, args.global_batch)
         rates = planner.MeasureRates()

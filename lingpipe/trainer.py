@@ -62,7 +62,7 @@ from typing import NamedTuple
 
 from absl import app, flags, logging
 
-from lingpipe.pipeline import settings
+from lingpipe.pipeline.step import settings
 from lingpipe.runners import plan_flags, startup, stop_signals
 
 __all__ = [
@@ -282,7 +282,7 @@ def _Overrides() -> startup.Overrides:
 def _SetPrecision(task_params) -> None:
     """--precision into the task's params."""
     if FLAGS.precision is not None:
-        from lingpipe.pipeline import precision
+        from lingpipe.pipeline.step import precision
 
         task_params.fprop_dtype = precision.ComputeDtype(FLAGS.precision)
 
@@ -362,7 +362,7 @@ def _ProfileSteps() -> tuple[int, int] | None:
 
 def _ResetMemoryPeaks(pipelines: list) -> None:
     """Before the profiled steps: their peak memory is measured from here."""
-    from lingpipe.pipeline import memory
+    from lingpipe.pipeline.observe import memory
 
     if pipelines and _LocalDevices(pipelines[0]):
         memory.ResetPeaks(pipelines[0].devices)
@@ -380,7 +380,7 @@ def _WriteTimeline(task, pipelines: list, logdir: str, steps: list[int]) -> None
     measured vs simulated idle share per device, and its partition report with each
     stage's estimated memory beside the peak measured over the profiled steps (per
     device on accelerators; on CPU, one allocator for all, the sum) on stdout."""
-    from lingpipe.pipeline import memory, timeline
+    from lingpipe.pipeline.observe import memory, timeline
     from lingpipe.runners import inspect_model
 
     if not pipelines:

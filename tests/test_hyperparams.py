@@ -661,11 +661,11 @@ def test_instantiate_names_required_dotted_path():
 
 def _TrainParams():
     """A `train` Params holding a schedule's params, as a task's params do."""
-    from lingpipe import optimizers, schedules  # noqa: F401  Imported, so text may name them.
+    from lingpipe import lr_schedules, optimizers  # noqa: F401  Imported, so text may name them.
 
     p = Params()
     p.Define("train", Params(), "Training settings.")
-    p.train.Define("lr_schedule", schedules.Cosine.Params(), "Schedule params.")
+    p.train.Define("lr_schedule", lr_schedules.Cosine.Params(), "Schedule params.")
     return p
 
 
@@ -675,12 +675,14 @@ def test_from_text_refuses_a_class_outside_the_fields_base():
         p.FromText("train.lr_schedule.cls : subprocess.Popen")
     assert str(info.value) == (
         "FromText line 1: train.lr_schedule.cls: expected a subclass of "
-        "lingpipe.schedules.BaseSchedule, received subprocess.Popen"
+        "lingpipe.lr_schedules.BaseSchedule, received subprocess.Popen"
     )
-    with pytest.raises(ValueError, match="expected a subclass of lingpipe.schedules.BaseSchedule"):
+    with pytest.raises(
+        ValueError, match="expected a subclass of lingpipe.lr_schedules.BaseSchedule"
+    ):
         p.FromText("train.lr_schedule.cls : lingpipe.optimizers.Adam")
     assert p == _TrainParams()
-    p.FromText("train.lr_schedule.cls : lingpipe.schedules.Constant")
+    p.FromText("train.lr_schedule.cls : lingpipe.lr_schedules.Constant")
     assert p.train.lr_schedule.cls.__name__ == "Constant"
 
 
@@ -732,5 +734,5 @@ def test_a_declared_base_and_a_field_without_a_class():
     q = InstantiableParams()
     with pytest.raises(ValueError, match="cls: expected a subclass of one of lingpipe.models"):
         q.FromText("cls : subprocess.Popen")
-    q.FromText("cls : lingpipe.schedules.Constant")
+    q.FromText("cls : lingpipe.lr_schedules.Constant")
     assert q.cls.__name__ == "Constant"

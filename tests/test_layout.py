@@ -169,10 +169,14 @@ def test_a_lower_layer_imports_nothing_above_it(lower):
 
 @pytest.mark.parametrize(
     "first",
-    ["lingpipe.pipeline.plot", "lingpipe.pipeline.schedule_cli", "lingpipe.pipeline.generators"],
+    [
+        "lingpipe.pipeline.observe.plot",
+        "lingpipe.pipeline.schedules.cli",
+        "lingpipe.pipeline.schedules.generators",
+    ],
 )
 def test_a_module_imported_first_imports_cleanly(first):
     # Python itself finds a loop only when the module at its top is imported first.
-    code = f"import {first}, lingpipe.pipeline.schedule, lingpipe.hyperparams"
+    code = f"import {first}, lingpipe.pipeline.schedules.schedule, lingpipe.hyperparams"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]

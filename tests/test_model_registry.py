@@ -175,7 +175,7 @@ def test_registering_a_key_twice():
 
 
 def test_nested_family_modules_make_dotted_keys():
-    cls = model_registry.RegisterSingleTaskModel(_ClassIn("params.mt.wmt", "Big"))
+    cls = model_registry.RegisterSingleTaskModel(_ClassIn("lingpipe.params.mt.wmt", "Big"))
     assert model_registry.GetClass("mt.wmt.Big") is cls
 
 

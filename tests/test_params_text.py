@@ -121,7 +121,7 @@ def test_lingpipe_base_class_paths_name_classes():
 
 
 def test_expected_base():
-    from lingpipe import base_layer, optimizers, schedules
+    from lingpipe import base_layer, lr_schedules, optimizers
     from lingpipe.models import base_task, lm
 
     class Root:
@@ -140,7 +140,7 @@ def test_expected_base():
     assert params_text.ExpectedBase(lm.TransformerLm) is base_task.BaseTask
     assert params_text.ExpectedBase(lm.LmEmbeddingCell) is base_layer.BaseLayer
     assert params_text.ExpectedBase(optimizers.Adam) is optimizers.BaseOptimizer
-    assert params_text.ExpectedBase(schedules.BaseSchedule) is schedules.BaseSchedule
+    assert params_text.ExpectedBase(lr_schedules.BaseSchedule) is lr_schedules.BaseSchedule
     assert params_text.ExpectedBase(Leaf) is Root  # The class whose Params() others override.
     assert params_text.ExpectedBase(MyLayer) is MyLayer
     assert params_text.ClassError("a.cls", Leaf, Root) is None

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from lingpipe import plan
-from lingpipe.pipeline import planner, simulate
+from lingpipe.pipeline.planning import planner
+from lingpipe.pipeline.schedules import simulate
 
 
 @pytest.mark.parametrize(

@@ -53,7 +53,7 @@ def _Defines(cls: Any) -> list[tuple[str, str, str]]:
             text = description.value if isinstance(description, ast.Constant) else "?"
             out.append((node.args[0].value, ast.unparse(node.args[1]), text))
         elif _IsSettingDefine(node):
-            from lingpipe.pipeline import settings  # plain Python, no TensorFlow
+            from lingpipe.pipeline.step import settings  # plain Python, no TensorFlow
 
             s = settings.Get(node.args[1].value)
             out.append((s.name, repr(s.default), s.doc))
@@ -62,7 +62,7 @@ def _Defines(cls: Any) -> list[tuple[str, str, str]]:
 
 def _IsSettingDefine(node: ast.AST) -> bool:
     """`settings.Define(p, 'name')`: a pipeline setting, declared in
-    lingpipe.pipeline.settings (its default and doc are read from there)."""
+    lingpipe.pipeline.step.settings (its default and doc are read from there)."""
     return (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)

@@ -67,7 +67,7 @@ import keras
 from lingpipe.keras import graph as graph_lib
 from lingpipe.keras import graph_pipeline, model_base
 from lingpipe.keras import plan as plan_lib
-from lingpipe.pipeline import settings
+from lingpipe.pipeline.step import settings
 
 __all__ = [
     "Pipeline",

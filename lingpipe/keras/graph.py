@@ -17,7 +17,7 @@ tensors alive across it: produced before it (or a model input) and used after it
 (or a model output). They travel to the next stage with the activations.
 
 This module reads the graph and cuts it; what a node costs under a partition policy,
-the profiler and the report are the engine's (lingpipe.pipeline.costs, partition,
+the profiler and the report are the engine's (lingpipe.pipeline.planning.costs, partition,
 report), shared with PipeliningLayer: a node here is what a cell is there.
 """
 
@@ -32,8 +32,8 @@ import numpy as np
 import tensorflow as tf
 from keras.src.models import functional as keras_functional
 
-from lingpipe.pipeline import costs
-from lingpipe.pipeline import partition as partition_lib
+from lingpipe.pipeline.planning import costs
+from lingpipe.pipeline.planning import partition as partition_lib
 
 __all__ = [
     "CallNode",

@@ -1,6 +1,6 @@
 """Memory per device of a Keras graph cut into stages, in a training step: an estimate.
 
-The same model as lingpipe.pipeline.memory's for PipeliningLayer cells, with a Keras
+The same model as lingpipe.pipeline.observe.memory's for PipeliningLayer cells, with a Keras
 graph's layer calls (nodes) as the units:
 
 - weights, gradients, optimizer slots: each layer's, on the stage where it is first
@@ -31,9 +31,10 @@ import numpy as np
 import tensorflow as tf
 
 from lingpipe.keras import graph as graph_lib
-from lingpipe.pipeline import memory, simulate
-from lingpipe.pipeline import remat as remat_lib
-from lingpipe.pipeline.schedule import Schedule
+from lingpipe.pipeline.observe import memory
+from lingpipe.pipeline.schedules import simulate
+from lingpipe.pipeline.schedules.schedule import Schedule
+from lingpipe.pipeline.step import remat as remat_lib
 
 __all__ = [
     "GraphMemory",

@@ -36,17 +36,10 @@ from lingpipe import asserts, base_layer, cluster, seeds
 from lingpipe.keras import graph as graph_lib
 from lingpipe.keras import graph_report
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import (
-    driver,
-    executor,
-    generators,
-    gradient_sums,
-    micro_batch,
-    report,
-    schedule,
-    settings,
-)
-from lingpipe.pipeline import remat as remat_lib
+from lingpipe.pipeline.planning import report
+from lingpipe.pipeline.schedules import generators, schedule
+from lingpipe.pipeline.step import driver, executor, gradient_sums, micro_batch, settings
+from lingpipe.pipeline.step import remat as remat_lib
 
 __all__ = [
     "GraphPipeline",
@@ -410,7 +403,7 @@ class GraphPipeline:
         loss_inputs: Any = None,
         loss_scale: tf.Tensor | None = None,
     ) -> NestedMap:
-        """One training step in the schedule's order (lingpipe.pipeline.executor).
+        """One training step in the schedule's order (lingpipe.pipeline.step.executor).
 
         Args:
           theta: like .theta.

@@ -1,4 +1,4 @@
-"""The partition report of a cut Keras graph: lingpipe.pipeline.report's PartitionReport,
+"""The partition report of a cut Keras graph: lingpipe.pipeline.planning.report's PartitionReport,
 whose stages are layer calls and whose cuts name the tensors crossing them.
 
     print(graph_report.Report(cut, stage_devices, num_micro_batches=4, batch_size=64))
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lingpipe.keras import graph as graph_lib
-from lingpipe.pipeline import report as report_lib
+from lingpipe.pipeline.planning import report as report_lib
 
 __all__ = [
     "Report",

@@ -58,8 +58,8 @@ from keras import tree
 from lingpipe import base_layer, cluster, seeds
 from lingpipe.keras import step_losses
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import gradient_sums, micro_batch
-from lingpipe.pipeline import schedule as schedule_lib
+from lingpipe.pipeline.schedules import schedule as schedule_lib
+from lingpipe.pipeline.step import gradient_sums, micro_batch
 
 __all__ = [
     "EnsureDevices",
@@ -440,7 +440,7 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
             (print_fn or print)(self.stages_table())
 
     def partition_report(self, *args: Any, **kwargs: Any) -> Any:
-        """The pipeline's partition report (lingpipe.pipeline.report.PartitionReport; print
+        """The pipeline's partition report (lingpipe.pipeline.planning.report.PartitionReport; print
         it for a table): per stage its device, layers, parameters, FLOPs, the bytes sent
         to the next stage and its cost. Arguments go to the pipeline's PartitionReport:
         `batch_size=` for Pipeline (FLOPs and bytes for that batch, else per example),

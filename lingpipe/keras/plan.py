@@ -9,7 +9,7 @@
 
 It searches K stages on K of the N devices (K=1: no pipeline, the model on one
 device), M micro-batches, the schedule (and its stages per device), the recompute
-policy and the partition with lingpipe.pipeline.planner, and returns the plan
+policy and the partition with lingpipe.pipeline.planning.planner, and returns the plan
 predicted to be fastest among those predicted to fit the cap on every device. The
 model is traced once (lingpipe.keras.graph): each layer call's FLOPs, the bytes
 crossing a cut after it and its layer's weights are the planner's costs per unit
@@ -38,7 +38,8 @@ from typing import Any
 from lingpipe import plan as plan_lib
 from lingpipe.keras import graph as graph_lib
 from lingpipe.keras import graph_memory
-from lingpipe.pipeline import generators, partition, planner
+from lingpipe.pipeline.planning import partition, planner
+from lingpipe.pipeline.schedules import generators
 
 __all__ = [
     "KerasPlan",

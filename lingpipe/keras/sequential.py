@@ -43,7 +43,7 @@ import tensorflow as tf
 
 from lingpipe.keras import model_base
 from lingpipe.layers import gpipe, keras_cell
-from lingpipe.pipeline import settings
+from lingpipe.pipeline.step import settings
 
 __all__ = [
     "PipelinedSequential",

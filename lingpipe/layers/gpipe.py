@@ -21,7 +21,7 @@ Under your own tape (GradientTape or tf.gradients) `pipe(x)` runs the fill-drain
 forwards as one custom gradient whose gradient runs the executor's backwards from dy;
 tasks train through `ForwardBackward`, each micro-batch's loss computed on the last
 stage. In eval mode FProp runs a forward-only schedule. One engine runs every path
-(lingpipe.pipeline.executor): every op of a stage (forward, recomputation, gradient,
+(lingpipe.pipeline.step.executor): every op of a stage (forward, recomputation, gradient,
 the accumulation of its weights' gradients) runs on its device, in that device's
 order; the only cross-device traffic is the activations and their gradients between
 neighbouring stages.
@@ -38,20 +38,11 @@ import tensorflow as tf
 from lingpipe import asserts, base_layer, cluster, hyperparams, seeds
 from lingpipe.layers import normalization, sequential
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import (
-    costs,
-    driver,
-    executor,
-    generators,
-    memory,
-    micro_batch,
-    partition,
-    remat,
-    schedule,
-    settings,
-    xla,
-)
-from lingpipe.pipeline import report as report_lib
+from lingpipe.pipeline.observe import memory
+from lingpipe.pipeline.planning import costs, partition
+from lingpipe.pipeline.planning import report as report_lib
+from lingpipe.pipeline.schedules import generators, schedule
+from lingpipe.pipeline.step import driver, executor, micro_batch, remat, settings, xla
 
 __all__ = [
     "PARTITION_POLICIES",
@@ -73,7 +64,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     def Params(cls) -> hyperparams.InstantiableParams:
         p = super().Params()
         p.Define("cell_tpl", [], "Layer params of the cells, run in order.")
-        # The knobs every front end shares: lingpipe.pipeline.settings declares them
+        # The knobs every front end shares: lingpipe.pipeline.step.settings declares them
         # (one call each: the docs' params table reads these calls).
         settings.Define(p, "num_stages")
         settings.Define(p, "partition")
@@ -239,7 +230,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     ) -> report_lib.PartitionReport:
         """Per stage: device, cells, parameters, FLOPs, boundary activation bytes and the
         estimated memory of a training step under p.schedule and p.remat (see
-        lingpipe.pipeline.memory; `optimizer`: its params, or slots per weight). FLOPs,
+        lingpipe.pipeline.observe.memory; `optimizer`: its params, or slots per weight). FLOPs,
         boundary bytes and memory need the inputs' shapes: `input_shapes`, else
         p.input_shapes, else the shapes of the last FProp."""
         p = self.params

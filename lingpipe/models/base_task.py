@@ -37,10 +37,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from lingpipe import asserts, base_layer, hyperparams, loss_scale, optimizers, schedules, seeds
+from lingpipe import asserts, base_layer, hyperparams, loss_scale, lr_schedules, optimizers, seeds
 from lingpipe.layers import gpipe
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import settings
+from lingpipe.pipeline.step import settings
 
 __all__ = [
     "BaseTask",
@@ -55,7 +55,7 @@ def _TrainParams() -> hyperparams.Params:
     p = hyperparams.Params()
     p.Define("optimizer", optimizers.Adam.Params(), "Params of the optimizer.")
     p.Define("learning_rate", 1e-3, "Base learning rate; the schedule multiplies it.")
-    p.Define("lr_schedule", schedules.Constant.Params(), "Params of the learning-rate schedule.")
+    p.Define("lr_schedule", lr_schedules.Constant.Params(), "Params of the learning-rate schedule.")
     p.Define(
         "clip_gradient_norm_to_value",
         0.0,
@@ -114,7 +114,7 @@ def LpRegularizedVariables(layer: base_layer.BaseLayer) -> list[tf.Variable]:
 
 def DefinePipelineParams(p: hyperparams.Params) -> hyperparams.Params:
     """Defines the pipeline knobs every pipelined task has (and the trainer's flags set):
-    lingpipe.pipeline.settings.TASK, each with its one default and doc line."""
+    lingpipe.pipeline.step.settings.TASK, each with its one default and doc line."""
     for name in settings.TASK:
         settings.Define(p, name)
     return p
@@ -259,7 +259,7 @@ class BaseTask(base_layer.BaseLayer):
         return self._loss_scale
 
     @property
-    def lr_schedule(self) -> schedules.BaseSchedule:
+    def lr_schedule(self) -> lr_schedules.BaseSchedule:
         """The learning-rate schedule of p.train.lr_schedule."""
         return self._lr_schedule
 

@@ -23,7 +23,7 @@ Parameters count every variable of the layer tree, trainable or not, as
 PartitionReport counts them; variables that are not the layers' own (an
 optimizer's slots) are not counted. Each pipeline's report ends with its memory
 per stage in a training step (weights, gradients, the task's optimizer slots,
-activations under its schedule and remat: lingpipe.pipeline.memory).
+activations under its schedule and remat: lingpipe.pipeline.observe.memory).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from typing import Any
 
 from absl import logging
 
-from lingpipe.pipeline import settings
+from lingpipe.pipeline.step import settings
 from lingpipe.runners import startup
 
 __all__ = [
@@ -234,7 +234,7 @@ def _FlagValue(name: str, value: Any) -> Any:
 
 def Restrictions(flags: Any) -> dict:
     """What the command line fixes, as planner.Candidates' restrictions."""
-    from lingpipe.pipeline import planner
+    from lingpipe.pipeline.planning import planner
 
     out: dict = {}
     if flags["num_stages"].present:
@@ -260,7 +260,7 @@ def Auto(resolved: startup.ResolvedParams, num_devices: int, cap_text: str, rest
         the task has no pipeline to plan.
     """
     from lingpipe import plan as plan_lib
-    from lingpipe.pipeline import planner
+    from lingpipe.pipeline.planning import planner
 
     try:
         cap = plan_lib.ParseSize(cap_text)
@@ -309,7 +309,7 @@ class PlanCheck:
         if self._first is None:
             self._first = step
         elif step == self._first + 1 and self._devices:
-            from lingpipe.pipeline import memory
+            from lingpipe.pipeline.observe import memory
 
             memory.ResetPeaks(self._devices)
         self._start = time.perf_counter()
@@ -331,7 +331,7 @@ class PlanCheck:
                 "steps": len(self._seconds),
             }
             if self._devices:
-                from lingpipe.pipeline import memory
+                from lingpipe.pipeline.observe import memory
 
                 peaks = memory.MeasuredPeaks(self._devices)
                 measured["peak_bytes"] = list(peaks.values())

@@ -326,7 +326,7 @@ def CheckFits(model: str, task_params: hyperparams.InstantiableParams) -> None:
 
     The task is built in a throw-away graph (its variables get shapes, not memory),
     and each stage's weights, their gradients and the optimizer's slots (the terms
-    of `lingpipe.pipeline.memory`'s estimate that need no input shapes: a lower
+    of `lingpipe.pipeline.observe.memory`'s estimate that need no input shapes: a lower
     bound of the stage's memory in a step) are compared with the machine's memory,
     as each stage alone and all together. Only when the stages are on this
     machine's CPU (no GPU or TPU): an accelerator's memory is not known before TF
@@ -336,7 +336,7 @@ def CheckFits(model: str, task_params: hyperparams.InstantiableParams) -> None:
       startup.UsageError: naming the stage, its estimate and the limit.
     """
     from lingpipe.layers import gpipe
-    from lingpipe.pipeline import memory
+    from lingpipe.pipeline.observe import memory
     from lingpipe.runners import inspect_model
 
     limit = _MachineMemory()

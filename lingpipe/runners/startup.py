@@ -7,7 +7,7 @@ the logdir is created only once the params resolve.
 The params of a run are the registered model's (`model_registry.GetParams(key,
 'Train')`), then `--params_file`, then `--params_override`, then the shortcut
 flags (`--max_steps`, `--seed`, and one per pipeline setting: `--num_stages`,
-`--num_micro_batches`, `--schedule`, ..., lingpipe.pipeline.settings.FLAGS), in that
+`--num_micro_batches`, `--schedule`, ..., lingpipe.pipeline.step.settings.FLAGS), in that
 order. Overrides use Lingvo's text: `a.b : 1; c.d : 'x'`, one assignment per `;`
 or line, values read as literals and never run as code.
 """
@@ -20,7 +20,8 @@ import uuid
 from typing import Any
 
 from lingpipe import glob_paths, hyperparams, model_registry
-from lingpipe.pipeline import generators, settings
+from lingpipe.pipeline.schedules import generators
+from lingpipe.pipeline.step import settings
 
 __all__ = [
     "CheckLogdir",
@@ -115,7 +116,7 @@ def SplitOverrides(text: str) -> list[str]:
 
 # Methods a class must override to be instantiable: the bases raise TypeError in them.
 _MUST_DEFINE = {
-    "lingpipe.schedules.BaseSchedule": "_Value",
+    "lingpipe.lr_schedules.BaseSchedule": "_Value",
     "lingpipe.optimizers.BaseOptimizer": "_CreateKerasOptimizer",
 }
 _DTYPE_PARAMS = ("dtype", "fprop_dtype")
@@ -253,7 +254,7 @@ def ResolveParams(key: str, overrides: Overrides) -> ResolvedParams:
 def _CheckScheduleFile(path: str) -> None:
     """Reads and simulates --schedule's CSV file, so that one that cannot be read or run
     is refused naming the flag (the pipeline checks it again against its K and M)."""
-    from lingpipe.pipeline import schedule, simulate
+    from lingpipe.pipeline.schedules import schedule, simulate
 
     try:
         simulate.Simulate(schedule.FromCsvFile(path, argument="--schedule"))

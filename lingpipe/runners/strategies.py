@@ -378,7 +378,7 @@ class TpuLayout(Layout):
     def StageContext(self) -> Callable[[], Any] | None:
         """A factory of the context that puts stage k on logical core k."""
         from lingpipe import tpu as tpu_lib
-        from lingpipe.pipeline import placement
+        from lingpipe.pipeline.step import placement
 
         strategy, devices = self.strategy, self.groups[0]
 

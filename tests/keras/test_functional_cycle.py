@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import lingpipe.keras as lpk
 from lingpipe import test_utils
-from lingpipe.pipeline import remat as remat_lib
+from lingpipe.pipeline.step import remat as remat_lib
 
 DEVICES = ["/device:CPU:1", "/device:CPU:2"]
 
@@ -250,7 +250,7 @@ def test_custom_training_loop_under_a_tape(remat):
 
 def test_schedule_given_as_a_value_or_a_csv_file(tmp_path):
     """schedule= takes a Schedule value or a CSV path in torch's format, as names do."""
-    from lingpipe.pipeline import generators, schedule
+    from lingpipe.pipeline.schedules import generators, schedule
 
     x, y = _Data()
 
@@ -274,7 +274,7 @@ def test_schedule_given_as_a_value_or_a_csv_file(tmp_path):
 @pytest.mark.parametrize("kind", ["value", "path"])
 def test_a_pipeline_with_a_schedule_value_or_path_saves_and_loads(tmp_path, kind):
     """A .keras file holds a Schedule value as its CSV text (with its name and M)."""
-    from lingpipe.pipeline import generators, schedule
+    from lingpipe.pipeline.schedules import generators, schedule
 
     value = generators.Make("zbv", 2, 4)
     given = value

@@ -206,7 +206,7 @@ def test_tpu_logical_cores_annotate_each_stage_of_a_keras_graph():
     annotation for core k is made in stage k's device scope, forward and backward."""
     import tensorflow as tf
 
-    from lingpipe.pipeline import placement
+    from lingpipe.pipeline.step import placement
 
     keras.utils.set_random_seed(3)
     pipe = lpk.Pipeline(

@@ -209,7 +209,7 @@ def test_summary_shows_each_stage_with_its_device_layers_and_params():
 
 
 def test_a_schedule_value_is_saved_in_the_keras_file(tmp_path):
-    from lingpipe.pipeline import generators
+    from lingpipe.pipeline.schedules import generators
 
     value = generators.Make("zbv", 2, 4)
     model = lpk.PipelinedSequential(

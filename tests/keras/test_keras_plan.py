@@ -12,7 +12,8 @@ import lingpipe.keras as lpk
 from lingpipe.keras import graph as graph_lib
 from lingpipe.keras import graph_memory
 from lingpipe.keras import plan as plan_lib
-from lingpipe.pipeline import generators, planner
+from lingpipe.pipeline.planning import planner
+from lingpipe.pipeline.schedules import generators
 
 DEVICES = ["/device:CPU:1", "/device:CPU:2"]
 # Fixed rates: the search is a function of the model and these (MeasureRates times the machine).

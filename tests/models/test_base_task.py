@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lingpipe import base_layer, hyperparams, optimizers, schedules
+from lingpipe import base_layer, hyperparams, lr_schedules, optimizers
 from lingpipe.layers import linear
 from lingpipe.models import base_task
 from lingpipe.nested_map import NestedMap
@@ -85,7 +85,7 @@ def test_default_params():
     p = base_task.BaseTask.Params()
     assert p.input is None
     assert p.train.optimizer.cls is optimizers.Adam
-    assert p.train.lr_schedule.cls is schedules.Constant
+    assert p.train.lr_schedule.cls is lr_schedules.Constant
     assert (p.train.learning_rate, p.train.max_steps) == (1e-3, 1000)
     assert (p.train.clip_gradient_norm_to_value, p.train.l2_regularizer_weight) == (0.0, 0.0)
     assert p.eval.samples_per_summary == 1000
@@ -168,7 +168,7 @@ def test_l2_term_covers_every_layer_by_default():
 
 
 def test_learning_rate_is_the_base_rate_times_the_schedule():
-    schedule = schedules.LinearWarmupRsqrt.Params().Set(warmup_steps=4)
+    schedule = lr_schedules.LinearWarmupRsqrt.Params().Set(warmup_steps=4)
     batch, x, y = _Batch()
     gw, _ = _HandGrads(x, y)
     for step in (0, 2, 8):

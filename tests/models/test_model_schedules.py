@@ -6,7 +6,8 @@ import pytest
 import tensorflow as tf
 
 from lingpipe import model_registry
-from lingpipe.pipeline import generators, placement
+from lingpipe.pipeline.schedules import generators
+from lingpipe.pipeline.step import placement
 
 STEPS = 20
 # (schedule, num_stages, num_virtual_stages): each family's cells allow these cuts.

@@ -11,7 +11,7 @@ from lingpipe.inputs import seq2seq
 from lingpipe.layers import gpipe
 from lingpipe.models import mt
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import costs
+from lingpipe.pipeline.planning import costs
 
 VOCAB, BATCH, SRC_LEN = 12, 8, 4
 

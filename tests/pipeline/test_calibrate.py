@@ -2,7 +2,9 @@
 
 import pytest
 
-from lingpipe.pipeline import calibrate, generators, simulate, timeline
+from lingpipe.pipeline.observe import timeline
+from lingpipe.pipeline.planning import calibrate
+from lingpipe.pipeline.schedules import generators, simulate
 
 
 def _Synthetic(sched, compute, scales, overhead, gap, steps=2):

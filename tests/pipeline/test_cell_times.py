@@ -4,7 +4,7 @@ dense as the executor's sum makes it."""
 import tensorflow as tf
 
 from lingpipe.layers import embedding, gpipe, linear
-from lingpipe.pipeline import cell_times
+from lingpipe.pipeline.planning import cell_times
 
 
 def test_an_embedding_s_gradient_is_timed_dense_as_the_executor_sums_it():

@@ -6,7 +6,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from lingpipe.pipeline import costs, partition
+from lingpipe.pipeline.planning import costs, partition
 
 
 def test_policy_costs_call_only_what_the_policy_needs():

@@ -23,7 +23,7 @@ from test_schedule import ALL
 
 from lingpipe import base_layer, seeds, test_utils
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import generators, schedule
+from lingpipe.pipeline.schedules import generators, schedule
 
 REMATS = ("always", "except_last", "never")
 FOUR = generators.SCHEDULES[:4]  # gpipe, 1f1b, interleaved_1f1b, zero_bubble

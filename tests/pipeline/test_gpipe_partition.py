@@ -6,7 +6,7 @@ import tensorflow as tf
 from gpipe_cells import DIMS, Mlp, MlpWithBatchNorm, Pipeline, SquareLoss
 
 from lingpipe.layers import feedforward
-from lingpipe.pipeline import costs, partition
+from lingpipe.pipeline.planning import costs, partition
 
 
 def Heavy():

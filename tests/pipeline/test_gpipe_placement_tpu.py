@@ -5,7 +5,7 @@ import tensorflow as tf
 from gpipe_cells import DIMS, Mlp, Pipeline, SquareLoss
 
 from lingpipe import test_utils
-from lingpipe.pipeline import placement
+from lingpipe.pipeline.step import placement
 
 
 class Recorder:

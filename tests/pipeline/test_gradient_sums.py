@@ -5,7 +5,7 @@ position when every micro-batch looks up the same rows (read from the traced gra
 import numpy as np
 import tensorflow as tf
 
-from lingpipe.pipeline import gradient_sums
+from lingpipe.pipeline.step import gradient_sums
 
 
 def _LookupGradients(position_lookup: bool):

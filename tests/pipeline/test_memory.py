@@ -18,7 +18,9 @@ import tensorflow as tf
 
 from lingpipe import optimizers
 from lingpipe.layers import gpipe, linear
-from lingpipe.pipeline import generators, memory, micro_batch, simulate
+from lingpipe.pipeline.observe import memory
+from lingpipe.pipeline.schedules import generators, simulate
+from lingpipe.pipeline.step import micro_batch
 
 CELL_W, STAGE_W, ACT, BATCH = 288, 576, 128, 512
 
@@ -177,7 +179,7 @@ def test_forward_only_holds_one_micro_batch_per_stage_and_no_backward():
 
 
 def test_report_adds_each_device_when_it_runs_several_stages():
-    from lingpipe.pipeline import report as report_lib
+    from lingpipe.pipeline.planning import report as report_lib
 
     sched, mems = _Estimate("zbv", 2, 4)
     stages = [

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import micro_batch
+from lingpipe.pipeline.step import micro_batch
 
 
 def test_sizes_are_as_even_as_possible_larger_first():

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from lingpipe.pipeline import partition
+from lingpipe.pipeline.planning import partition
 
 
 def _BruteForce(costs, k):

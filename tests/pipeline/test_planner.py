@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from lingpipe.pipeline import planner
+from lingpipe.pipeline.planning import planner
 
 # Eight equal cells of 1 GFLOP per example, 1 MiB out, 4 MiB of weights each.
 COSTS = planner.ModelCosts(flops=(1e9,) * 8, out_bytes=(2**20,) * 8, weight_bytes=(2**22,) * 8)
@@ -58,7 +58,7 @@ def test_when_pipelining_loses_k_1_is_chosen():
 
 
 def test_the_flags_are_the_trainers():
-    from lingpipe.pipeline import settings
+    from lingpipe.pipeline.step import settings
     from lingpipe.runners import plan_flags
 
     c = planner.Candidate(1, 2, 4, "interleaved_1f1b", 2, "never", (2, 2, 2, 2), "flops")
@@ -84,7 +84,8 @@ def test_the_flags_are_the_trainers():
 
 # Two cells of 1 s forward, 1 s inputs' gradient, 1 s weights' gradient (fixed, for any
 # micro-batch), 100 weight bytes each; one per stage.
-from lingpipe.pipeline import calibrate, cost_model, generators, simulate  # noqa: E402
+from lingpipe.pipeline.planning import calibrate, cost_model  # noqa: E402
+from lingpipe.pipeline.schedules import generators, simulate  # noqa: E402
 
 ONE_SECOND = cost_model.CellTimes(((1.0, 0.0),) * 2, ((1.0, 0.0),) * 2, ((1.0, 0.0),) * 2)
 TWO_CELLS = planner.ModelCosts((1.0, 1.0), (1000, 1000), (100, 100), ONE_SECOND)

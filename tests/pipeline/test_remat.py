@@ -3,7 +3,8 @@ every stage or one per stage."""
 
 import pytest
 
-from lingpipe.pipeline import generators, remat
+from lingpipe.pipeline.schedules import generators
+from lingpipe.pipeline.step import remat
 
 POLICIES = ("always", "except_last", "never")
 

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from lingpipe.pipeline import controllable_memory, generators, schedule, simulate
-from lingpipe.pipeline.schedule import Action, ScheduleError
+from lingpipe.pipeline.schedules import controllable_memory, generators, schedule, simulate
+from lingpipe.pipeline.schedules.schedule import Action, ScheduleError
 
 
 def _Runs(name, k, m, v):
@@ -31,9 +31,9 @@ def Kinds(acts):
 
 
 def Command(*flags):
-    """`python -m lingpipe.pipeline.schedule` with these flags, run in a new process."""
+    """`python -m lingpipe.pipeline.schedules` with these flags, run in a new process."""
     return subprocess.run(
-        [sys.executable, "-m", "lingpipe.pipeline.schedule", *flags],
+        [sys.executable, "-m", "lingpipe.pipeline.schedules", *flags],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 

@@ -6,8 +6,8 @@ import pathlib
 import pytest
 from test_schedule import Command
 
-from lingpipe.pipeline import generators, simulate
-from lingpipe.pipeline.schedule import Action, FromCsv, Schedule, ScheduleError, ToCsv
+from lingpipe.pipeline.schedules import generators, simulate
+from lingpipe.pipeline.schedules.schedule import Action, FromCsv, Schedule, ScheduleError, ToCsv
 
 DATA = pathlib.Path(__file__).parent / "data"
 V_SHAPED = DATA / "v_shaped_k2_m2.csv"

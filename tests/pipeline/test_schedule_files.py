@@ -1,15 +1,15 @@
 """Schedule CSV files that cannot be read (issue 30): each way (not UTF-8 text, not text
 at all, a directory, missing, no permission) is one line naming the file and the
 argument that gave it, from FromCsv, Resolve (p.schedule), `--schedule` and
-`python -m lingpipe.pipeline.schedule --csv`; a deadlocking CSV is one line naming the
+`python -m lingpipe.pipeline.schedules --csv`; a deadlocking CSV is one line naming the
 blocked actions."""
 
 import os
 
 import pytest
 
-from lingpipe.pipeline import generators, schedule, schedule_cli, simulate
-from lingpipe.pipeline.schedule import FromCsv, ScheduleError
+from lingpipe.pipeline.schedules import cli, generators, schedule, simulate
+from lingpipe.pipeline.schedules.schedule import FromCsv, ScheduleError
 from lingpipe.runners import startup
 
 EXPECTED = "expected a schedule CSV file (UTF-8 text, a row per device of cells such as 0F0)"
@@ -49,7 +49,7 @@ def _Entries(path):
     """{argument: a call that reads `path` for it, raising ScheduleError or UsageError}."""
 
     def Command():
-        status = schedule_cli.main([f"--csv={path}"])
+        status = cli.main([f"--csv={path}"])
         raise ScheduleError(f"exit status {status}")
 
     return {
@@ -78,7 +78,7 @@ def test_an_unreadable_schedule_file_is_one_line_naming_it_and_its_argument(
         assert (str(raised.value), out, err) == (
             "exit status 2",
             "",
-            f"lingpipe.pipeline.schedule: error: {message}\n",
+            f"lingpipe.pipeline.schedules: error: {message}\n",
         )
     else:
         assert str(raised.value) == message
@@ -98,10 +98,10 @@ def test_a_deadlocking_csv_is_one_line_naming_the_blocked_actions(tmp_path, caps
     with pytest.raises(ScheduleError) as raised:
         simulate.Simulate(FromCsv(DEADLOCK))
     assert str(raised.value) == f"schedule 'csv' {DEADLOCK_LINE}"
-    assert schedule_cli.main([f"--csv={path}"]) == 2
+    assert cli.main([f"--csv={path}"]) == 2
     assert capsys.readouterr() == (
         "",
-        f"lingpipe.pipeline.schedule: error: schedule 'dead.csv' {DEADLOCK_LINE}\n",
+        f"lingpipe.pipeline.schedules: error: schedule 'dead.csv' {DEADLOCK_LINE}\n",
     )
     with pytest.raises(startup.UsageError) as raised:
         startup.ResolveParams(

@@ -1,4 +1,4 @@
-"""The pipeline settings are declared once (lingpipe.pipeline.settings): every front end
+"""The pipeline settings are declared once (lingpipe.pipeline.step.settings): every front end
 has the same names, defaults and doc lines, and the schedules come from the registry."""
 
 import inspect
@@ -9,7 +9,8 @@ from lingpipe import hyperparams, trainer
 from lingpipe.keras import functional, graph_pipeline, sequential
 from lingpipe.layers import gpipe
 from lingpipe.models import base_task
-from lingpipe.pipeline import generators, settings
+from lingpipe.pipeline.schedules import generators
+from lingpipe.pipeline.step import settings
 from lingpipe.runners import startup
 
 

@@ -11,7 +11,8 @@ from gpipe_cells import Pipeline
 from lingpipe import test_utils
 from lingpipe.layers import linear
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import generators, plot, schedule_cli, simulate, timeline
+from lingpipe.pipeline.observe import plot, timeline
+from lingpipe.pipeline.schedules import cli, generators, simulate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -67,7 +68,7 @@ def test_chrome_trace_busy_share_and_pictures(recorded, tmp_path):
 def test_schedule_main_draws_the_plan(tmp_path, capsys):
     path = str(tmp_path / "plan.png")
     args = ["--schedule=zero_bubble", "--num_stages=3", "--num_micro_batches=4", f"--png={path}"]
-    assert schedule_cli.main(args) == 0
+    assert cli.main(args) == 0
     assert f"wrote {path}" in capsys.readouterr().out
     with open(path, "rb") as f:
         assert f.read(8) == PNG_MAGIC

@@ -5,8 +5,9 @@ instead of making a phantom step; and a picture labels only the bars its label f
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from lingpipe import test_utils
-from lingpipe.pipeline import generators, plot, timeline
-from lingpipe.pipeline.schedule import Action
+from lingpipe.pipeline.observe import plot, timeline
+from lingpipe.pipeline.schedules import generators
+from lingpipe.pipeline.schedules.schedule import Action
 
 PROCESS = "ExecutorState::Process"
 US = 1_000_000  # picoseconds

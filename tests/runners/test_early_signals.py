@@ -290,7 +290,8 @@ def test_a_signal_just_after_the_lock_is_taken_releases_it_with_one_line_and_sta
 def test_a_stop_raised_inside_a_pipeline_action_keeps_its_own_line():
     # A signal while the first step is traced lands inside an action; the executor names
     # the action in the error it raises again, and the trainer prints the stop's line.
-    from lingpipe.pipeline import executor, generators
+    from lingpipe.pipeline.schedules import generators
+    from lingpipe.pipeline.step import executor
 
     sched = generators.Make("gpipe", 2, 2)
     stop = stop_signals.Stopped("Stopped by SIGTERM before any step ran; rerun to resume")

@@ -86,10 +86,10 @@ def test_two_processes_never_both_take_over_a_stale_lock(tmp_path):
             "tf.bfloat16, tf.float16, tf.float64) or None, received tf.string",
         ),
         (
-            "train.lr_schedule.cls : lingpipe.schedules.BaseSchedule",
+            "train.lr_schedule.cls : lingpipe.lr_schedules.BaseSchedule",
             "--params_override: train.lr_schedule.cls: expected a class that defines "
-            "_Value (a subclass of lingpipe.schedules.BaseSchedule), received "
-            "lingpipe.schedules.BaseSchedule, which does not",
+            "_Value (a subclass of lingpipe.lr_schedules.BaseSchedule), received "
+            "lingpipe.lr_schedules.BaseSchedule, which does not",
         ),
         (
             "train.optimizer.cls : lingpipe.optimizers.BaseOptimizer",

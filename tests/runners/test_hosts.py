@@ -22,7 +22,7 @@ from test_multi_worker import _FreePorts
 from test_trainer import _Command, _Env
 
 from lingpipe import worker
-from lingpipe.pipeline import report
+from lingpipe.pipeline.planning import report
 from lingpipe.runners import hosts
 
 HERE = os.path.dirname(__file__)

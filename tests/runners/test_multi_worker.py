@@ -89,7 +89,7 @@ def _Log(logdir, i, tag="run"):
 
 def _ReferenceWeights(steps):
     """One process, one replica pipelining the global batch: both workers' shards joined."""
-    import params
+    from lingpipe import params
 
     if TRAINER_PARAMS not in params.__path__:
         params.__path__.append(TRAINER_PARAMS)

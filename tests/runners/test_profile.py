@@ -12,7 +12,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from lingpipe.pipeline import generators
+from lingpipe.pipeline.schedules import generators
 
 pytestmark = pytest.mark.slow
 

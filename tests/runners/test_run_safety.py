@@ -25,7 +25,7 @@ from lingpipe.runners import evaler, rundir, train_loop
 
 
 def _Task(max_steps, learning_rate=None):
-    import params
+    from lingpipe import params
 
     if TRAINER_PARAMS not in params.__path__:
         params.__path__.append(TRAINER_PARAMS)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lingpipe import cluster, model_registry, optimizers, schedules
+from lingpipe import cluster, lr_schedules, model_registry, optimizers
 from lingpipe.runners import strategies, train_loop
 
 KEY = "lm.TransformerLmTiny"
@@ -20,7 +20,7 @@ def _Params(num_stages, num_micro_batches):
     p.num_stages, p.num_micro_batches = num_stages, num_micro_batches
     p.train.optimizer = optimizers.SGD.Params()  # Adam's first step is ~lr * sign(g).
     p.train.learning_rate = 0.5
-    p.train.lr_schedule = schedules.Constant.Params()
+    p.train.lr_schedule = lr_schedules.Constant.Params()
     p.train.max_steps = 1
     return p
 

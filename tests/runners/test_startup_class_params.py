@@ -12,7 +12,7 @@ from lingpipe.runners import startup
 
 LM = "lm.TransformerLmTiny"
 POPEN_MESSAGE = (
-    "train.lr_schedule.cls: expected a subclass of lingpipe.schedules.BaseSchedule, "
+    "train.lr_schedule.cls: expected a subclass of lingpipe.lr_schedules.BaseSchedule, "
     "received subprocess.Popen"
 )
 
@@ -39,7 +39,7 @@ def test_params_file_naming_an_unrelated_class_is_a_usage_error(tmp_path):
 
 def test_override_naming_a_subclass_of_the_fields_base_is_accepted():
     overrides = startup.Overrides(
-        params_override="train.lr_schedule.cls : lingpipe.schedules.Constant; "
+        params_override="train.lr_schedule.cls : lingpipe.lr_schedules.Constant; "
         "train.optimizer.cls : lingpipe.optimizers.SGD"
     )
     p = startup.ResolveParams(LM, overrides).task

@@ -17,7 +17,7 @@ import tensorflow as tf
 TRAINER_PARAMS = os.path.join(os.path.dirname(__file__), "trainer_params")
 # Runs the trainer with tests/runners/trainer_params on the `params` package's path.
 LAUNCH = (
-    "import sys, params; params.__path__.append(sys.argv.pop(1)); "
+    "import sys; from lingpipe import params; params.__path__.append(sys.argv.pop(1)); "
     "from lingpipe import trainer; trainer.Run()"
 )
 LM = "--model=lm.TransformerLmTiny"

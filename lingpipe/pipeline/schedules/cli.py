@@ -1,7 +1,7 @@
-"""`python -m lingpipe.pipeline.schedule`: a schedule's grid, bubble and peak alive.
+"""`python -m lingpipe.pipeline.schedules`: a schedule's grid, bubble and peak alive.
 
-    python -m lingpipe.pipeline.schedule --schedule=zbv --num_stages=4 --num_micro_batches=8
-    python -m lingpipe.pipeline.schedule --csv=my_schedule.csv --png=/tmp/plan.png
+    python -m lingpipe.pipeline.schedules --schedule=zbv --num_stages=4 --num_micro_batches=8
+    python -m lingpipe.pipeline.schedules --csv=my_schedule.csv --png=/tmp/plan.png
 
 prints simulate.Grid and simulate.Figures under the default costs (F = I = W = 1, B = 2),
 which has a line `bubble N.N%`. A schedule that cannot run, or a --csv file that cannot
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lingpipe.pipeline import generators, simulate
-from lingpipe.pipeline.schedule import FromCsvFile, ScheduleError
+from lingpipe.pipeline.schedules import generators, simulate
+from lingpipe.pipeline.schedules.schedule import FromCsvFile, ScheduleError
 
 __all__ = [
     "main",
@@ -24,7 +24,7 @@ __all__ = [
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the command on `argv` (default sys.argv); returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m lingpipe.pipeline.schedule")
+    parser = argparse.ArgumentParser(prog="python -m lingpipe.pipeline.schedules")
     names = ", ".join(generators.SCHEDULES)
     parser.add_argument("--schedule", default="gpipe", help=f"one of {names}")
     parser.add_argument("--num_stages", type=int, default=4, help="K, the devices")
@@ -42,13 +42,13 @@ def main(argv: list[str] | None = None) -> int:
             sched = generators.Make(args.schedule, *counts)
         sim = simulate.Simulate(sched)
     except ScheduleError as e:
-        print(f"lingpipe.pipeline.schedule: error: {e}", file=sys.stderr)
+        print(f"lingpipe.pipeline.schedules: error: {e}", file=sys.stderr)
         return 2
     print(simulate.Grid(sched, sim), simulate.Figures(sched, sim), sep="\n\n")
     if args.list:
         print(f"\n{sched}")
     if args.png:
-        from lingpipe.pipeline import plot  # matplotlib and TensorFlow only when drawing
+        from lingpipe.pipeline.observe import plot  # matplotlib and TensorFlow only when drawing
 
         print(f"\nwrote {plot.PlotSimulation(sched, sim, args.png)}")
     return 0

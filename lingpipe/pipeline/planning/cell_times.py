@@ -7,7 +7,7 @@ fed the previous cell's outputs, and let go before the next is built (one cell's
 weights in memory at a time). Per micro-batch size n of `sizes` and per cell, four
 tf.functions, each traced once: the forward (F); the forward and the gradient of its
 floating-point inputs; the forward and the gradient of its weights, made dense as the
-executor's sum makes an embedding's (lingpipe.pipeline.gradient_sums); an empty call
+executor's sum makes an embedding's (lingpipe.pipeline.step.gradient_sums); an empty call
 with the same inputs. I is the second less F, W the third less F, F itself less the
 empty call (a call's own cost is the action's, cost_model.MeasureActionSeconds). Each
 time is the median of `repeats` (as a step's time is measured), after a warm-up; per
@@ -24,7 +24,8 @@ from typing import Any
 import tensorflow as tf
 
 from lingpipe import base_layer, hyperparams
-from lingpipe.pipeline import cost_model, costs, micro_batch
+from lingpipe.pipeline.planning import cost_model, costs
+from lingpipe.pipeline.step import micro_batch
 
 
 def _Median(fn: Callable[[], Any], repeats: int) -> float:

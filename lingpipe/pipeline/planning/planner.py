@@ -8,7 +8,7 @@ a recompute policy and a partition, the fastest predicted to fit a memory cap.
     cal_costs, cal_rates = planner.Calibrated(costs, rates, calibration)
 
 Step time is predicted by simulating the candidate's schedule (lingpipe.pipeline.
-simulate) with the cost of every action (lingpipe.pipeline.cost_model.ActionCosts):
+simulate) with the cost of every action (lingpipe.pipeline.planning.cost_model.ActionCosts):
 each cell's forward, inputs' gradient and weights' gradient (profiled on the device,
 `ModelCosts.times`; else the forward FLOPs at the device's measured rate, each gradient
 as long), the forward replayed where the recompute policy drops the activations, a
@@ -19,10 +19,10 @@ a latency when the neighbouring stage is on another device. Where several device
 compute at once, their compute is slower by the measured `contention` (logical devices
 sharing a host's cores). The step adds the sums' final scaling and the optimizer's
 apply (each device its weights' bytes at measured rates) and, with R > 1 replicas, a
-ring all-reduce of each device's weight gradients. lingpipe.pipeline.calibrate fits
+ring all-reduce of each device's weight gradients. lingpipe.pipeline.planning.calibrate fits
 the device scale and the fixed cost per action to a measured timeline (`Calibrated`).
 Memory per device comes from the caller's `memory_fn` (lingpipe.plan estimates it from
-the schedule with lingpipe.pipeline.memory: micro-batches alive, weight gradients held
+the schedule with lingpipe.pipeline.observe.memory: micro-batches alive, weight gradients held
 by deferred W's, optimizer slots, workspace, every stage the device holds).
 
 The search never builds the model: costs are per cell, computed once.
@@ -36,7 +36,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lingpipe.pipeline import cost_model, generators, partition, settings, simulate
+from lingpipe.pipeline.planning import cost_model, partition
+from lingpipe.pipeline.schedules import generators, simulate
+from lingpipe.pipeline.step import settings
 
 # Schedules the search tries by default, with their stages per device (v).
 SCHEDULES = (

@@ -33,9 +33,11 @@ from typing import Any
 import tensorflow as tf
 
 from lingpipe import base_layer, hyperparams, optimizers
-from lingpipe.pipeline import costs, micro_batch, simulate
-from lingpipe.pipeline import remat as remat_lib
-from lingpipe.pipeline.schedule import BACKWARD, BACKWARD_INPUT, FORWARD, Action, Schedule
+from lingpipe.pipeline.planning import costs
+from lingpipe.pipeline.schedules import simulate
+from lingpipe.pipeline.schedules.schedule import BACKWARD, BACKWARD_INPUT, FORWARD, Action, Schedule
+from lingpipe.pipeline.step import micro_batch
+from lingpipe.pipeline.step import remat as remat_lib
 
 # Ops whose output shares its input's buffer: a saved view costs what its source costs.
 _VIEW_OPS = frozenset({"Reshape", "Identity", "ExpandDims", "Squeeze", "StopGradient", "Snapshot"})
@@ -308,7 +310,7 @@ def _Spec(x: Any, key: str = "", float_dtype: tf.DType = tf.float32) -> Any:
 
 def MicroBatchSpecs(specs: tuple, num_micro_batches: int, batch_dim: int) -> tuple:
     """`specs` (the whole batch's tf.TensorSpecs) for the largest micro-batch, cut by
-    lingpipe.pipeline.micro_batch's rules, as the pipeline splits the inputs."""
+    lingpipe.pipeline.step.micro_batch's rules, as the pipeline splits the inputs."""
     batch = micro_batch.BatchSize(specs, batch_dim, "memory estimate")
     micro = micro_batch.Sizes(batch, num_micro_batches, "memory estimate")[0]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lingpipe.pipeline.schedule import BACKWARD, BACKWARD_INPUT, FORWARD, Schedule
+from lingpipe.pipeline.schedules.schedule import BACKWARD, BACKWARD_INPUT, FORWARD, Schedule
 
 __all__ = [
     "Kept",

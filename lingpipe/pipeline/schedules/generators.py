@@ -3,7 +3,7 @@
     sched = generators.Make('zbv', num_stages=4, num_micro_batches=8)  # K=4 devices, 8 stages
     sched = generators.Resolve('my_schedule.csv', num_devices=4, num_micro_batches=8)
 
-Every schedule Make returns has been run by lingpipe.pipeline.simulate, so one
+Every schedule Make returns has been run by lingpipe.pipeline.schedules.simulate, so one
 that breaks a dependency or would deadlock never reaches the executor.
 """
 
@@ -13,8 +13,8 @@ import difflib
 import os
 from collections.abc import Callable
 
-from lingpipe.pipeline import controllable_memory, simulate
-from lingpipe.pipeline.schedule import (
+from lingpipe.pipeline.schedules import controllable_memory, simulate
+from lingpipe.pipeline.schedules.schedule import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,

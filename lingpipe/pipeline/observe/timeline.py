@@ -28,8 +28,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from lingpipe.pipeline import schedule, simulate
-from lingpipe.pipeline.schedule import Action, Schedule
+from lingpipe.pipeline.schedules import schedule, simulate
+from lingpipe.pipeline.schedules.schedule import Action, Schedule
 
 __all__ = [
     "BusyShare",
@@ -298,7 +298,7 @@ def ChromeTrace(spans: list[Span], sched: Schedule) -> dict:
 
 def Write(logdir: str, spans: list[Span], sched: Schedule) -> tuple[str, str]:
     """Writes logdir/timeline.json and logdir/timeline.png; returns their paths."""
-    from lingpipe.pipeline import plot
+    from lingpipe.pipeline.observe import plot
 
     json_path, png_path = f"{logdir}/timeline.json", f"{logdir}/timeline.png"
     tf.io.gfile.makedirs(logdir)

@@ -20,7 +20,8 @@ import dataclasses
 import types
 from typing import Any
 
-from lingpipe.pipeline import generators, remat
+from lingpipe.pipeline.schedules import generators
+from lingpipe.pipeline.step import remat
 
 __all__ = [
     "ArgsDoc",
@@ -91,8 +92,8 @@ SETTINGS: tuple[Setting, ...] = (
         "gpipe",
         "Order of the training step's work and the stages' placement: "
         + ", ".join(TrainSchedules())
-        + " (lingpipe.pipeline.generators), the path of a CSV file (torch's "
-        "compute-only format; see python -m lingpipe.pipeline.schedule), or from Python a "
+        + " (lingpipe.pipeline.schedules.generators), the path of a CSV file (torch's "
+        "compute-only format; see python -m lingpipe.pipeline.schedules), or from Python a "
         "schedule.Schedule value.",
         "schedule",
         TrainSchedules(),
@@ -262,7 +263,7 @@ def Documented(*names: str) -> Any:
     def Decorate(cls: Any) -> Any:
         doc = (cls.__doc__ or "").rstrip()
         cls.__doc__ = (
-            f"{doc}\n\n    Pipeline settings (lingpipe.pipeline.settings):\n{ArgsDoc(names)}\n"
+            f"{doc}\n\n    Pipeline settings (lingpipe.pipeline.step.settings):\n{ArgsDoc(names)}\n"
         )
         return cls
 

@@ -12,10 +12,10 @@ model; a device runs one or more stages, as the schedule's `stage_devices` says.
     FromCsv("schedules/zbv.csv", num_micro_batches=8)   # torch's compute-only CSV; ToCsv
 
 The types (Action, Schedule, ScheduleError, the kinds) are defined in
-lingpipe.pipeline.actions, below the simulation, and exported here; this module adds
+lingpipe.pipeline.schedules.actions, below the simulation, and exported here; this module adds
 torch's CSV format, whose writer (ToCsv) runs the simulation. The generators by name
-(`gpipe`, `1f1b`, ...) are in lingpipe.pipeline.generators;
-`python -m lingpipe.pipeline.schedule` prints a schedule's grid and figures.
+(`gpipe`, `1f1b`, ...) are in lingpipe.pipeline.schedules.generators;
+`python -m lingpipe.pipeline.schedules` prints a schedule's grid and figures.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import io
 import os
 import re
 
-from lingpipe.pipeline import simulate
-from lingpipe.pipeline.actions import (
+from lingpipe.pipeline.schedules import simulate
+from lingpipe.pipeline.schedules.actions import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
@@ -184,9 +184,3 @@ def ToCsv(sched: Schedule) -> str:
             row[round(sim.start[a])] = f"{a.stage}{a.kind}{a.micro_batch}"
         writer.writerow(row)
     return out.getvalue()
-
-
-if __name__ == "__main__":
-    from lingpipe.pipeline import schedule_cli
-
-    raise SystemExit(schedule_cli.main())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lingpipe import hyperparams, model_registry, optimizers, schedules
+from lingpipe import hyperparams, lr_schedules, model_registry, optimizers
 from lingpipe.inputs import seq2seq
 from lingpipe.models import base_model_params, mt
 
@@ -52,7 +52,7 @@ class TransformerEncDecTiny(base_model_params.SingleTaskModelParams):
         )
         p.train.optimizer = optimizers.Adam.Params()
         p.train.learning_rate = 3e-3
-        p.train.lr_schedule = schedules.LinearWarmupRsqrt.Params().Set(warmup_steps=100)
+        p.train.lr_schedule = lr_schedules.LinearWarmupRsqrt.Params().Set(warmup_steps=100)
         p.train.max_steps = 500
         return p
 
@@ -117,7 +117,7 @@ class TransformerEncDecGPipe(base_model_params.SingleTaskModelParams):
         )
         p.train.optimizer = optimizers.Adafactor.Params()
         p.train.learning_rate = 1e-3
-        p.train.lr_schedule = schedules.LinearWarmupRsqrt.Params().Set(warmup_steps=10000)
+        p.train.lr_schedule = lr_schedules.LinearWarmupRsqrt.Params().Set(warmup_steps=10000)
         p.train.clip_gradient_norm_to_value = 1.0
         p.train.max_steps = 500000
         return p

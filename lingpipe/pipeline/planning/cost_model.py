@@ -19,7 +19,7 @@ An action then costs (`ActionCosts`):
     'always', 'except_last', or one policy per stage) + one action + the transfer of
     its inputs' gradient back;
   W s m: the weights' gradient + its addition to the stage's running sum of them (the
-    executor adds every micro-batch's, lingpipe.pipeline.gradient_sums: the stage's
+    executor adds every micro-batch's, lingpipe.pipeline.step.gradient_sums: the stage's
     weight bytes at a measured rate per byte) + one action;
   B s m: I and W in one action (one fixed cost).
 Every time but the fixed cost and the transfers is multiplied by `contention`: how much
@@ -41,15 +41,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lingpipe.pipeline import partition, simulate
-from lingpipe.pipeline import remat as remat_lib
-from lingpipe.pipeline.schedule import (
+from lingpipe.pipeline.planning import partition
+from lingpipe.pipeline.schedules import simulate
+from lingpipe.pipeline.schedules.schedule import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
     FORWARD,
     Schedule,
 )
+from lingpipe.pipeline.step import remat as remat_lib
 
 Line = tuple[float, float]  # (fixed seconds, seconds per example)
 
@@ -192,7 +193,8 @@ def MeasureActionSeconds(devices: Sequence[str], repeats: int = 7) -> float:
     import tensorflow as tf
 
     from lingpipe.nested_map import NestedMap
-    from lingpipe.pipeline import executor, generators, stage_context
+    from lingpipe.pipeline.schedules import generators
+    from lingpipe.pipeline.step import executor, stage_context
 
     devices = list(devices)[:2]
     k = len(devices)

@@ -27,7 +27,7 @@ so each device follows its list; nothing else is ordered but the data.
   input each) until W's turn on the device.
 
 A weight's gradient is summed over the micro-batches in float32
-(lingpipe.pipeline.gradient_sums). An embedding's gradient (tf.IndexedSlices) is made
+(lingpipe.pipeline.step.gradient_sums). An embedding's gradient (tf.IndexedSlices) is made
 dense for the sum, or, with `sparse` (Keras' optimizers), kept as the plain model's
 slices.
 
@@ -41,7 +41,7 @@ starts from d(loss_m w_m), so it needs no other micro-batch; the sums are scaled
 by 1 / sum_m w_m at the end, on each gradient's device. The weights w_m are
 counts (tokens, examples) and get no gradient.
 
-Mixed precision (lingpipe.pipeline.precision): each micro-batch's loss and each
+Mixed precision (lingpipe.pipeline.step.precision): each micro-batch's loss and each
 weight gradient are taken to float32 before they are summed. With a `loss_scale`
 (float16's dynamic loss scaling) each backward starts from d(loss_m w_m * loss_scale),
 so small gradients survive float16, and the final scaling by 1 / (sum_m w_m *
@@ -59,9 +59,10 @@ from typing import Any
 import tensorflow as tf
 
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import gradient_sums, precision, simulate
-from lingpipe.pipeline.schedule import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Schedule
-from lingpipe.pipeline.stage_context import Entered, StageContext
+from lingpipe.pipeline.schedules import simulate
+from lingpipe.pipeline.schedules.schedule import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Schedule
+from lingpipe.pipeline.step import gradient_sums, precision
+from lingpipe.pipeline.step.stage_context import Entered, StageContext
 
 __all__ = [
     "Backward",

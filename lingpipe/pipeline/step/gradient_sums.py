@@ -25,7 +25,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from lingpipe.pipeline import precision
+from lingpipe.pipeline.step import precision
 
 __all__ = [
     "Add",

@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from lingpipe.pipeline.schedule import (
+from lingpipe.pipeline.schedules.schedule import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,

@@ -6,7 +6,7 @@ from lingpipe import hyperparams, model_registry, optimizers
 from lingpipe.inputs import image as image_input
 from lingpipe.layers import keras_cell, linear
 from lingpipe.models import keras_classifier
-from params import image as image_params
+from lingpipe.params import image as image_params
 
 __all__ = [
     "KerasMlp",

@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from lingpipe.pipeline import simulate
-from lingpipe.pipeline.schedule import Action, Schedule
+from lingpipe.pipeline.schedules import simulate
+from lingpipe.pipeline.schedules.schedule import Action, Schedule
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from lingpipe import base_layer, hyperparams
 from lingpipe.nested_map import NestedMap
-from lingpipe.pipeline import settings
+from lingpipe.pipeline.step import settings
 
 __all__ = [
     "AsArgs",

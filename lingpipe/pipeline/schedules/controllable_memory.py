@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 
-from lingpipe.pipeline.schedule import (
+from lingpipe.pipeline.schedules.schedule import (
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
     FORWARD,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lingpipe import hyperparams, model_registry, optimizers, schedules
+from lingpipe import hyperparams, lr_schedules, model_registry, optimizers
 from lingpipe.inputs import image as image_input
 from lingpipe.models import base_model_params, image
 
@@ -109,7 +109,9 @@ class AmoebaNetImageNetGPipe(base_model_params.SingleTaskModelParams):
         )
         p.train.optimizer = optimizers.Momentum.Params().Set(alpha=0.9, use_nesterov=True)
         p.train.learning_rate = 0.1
-        p.train.lr_schedule = schedules.Cosine.Params().Set(warmup_steps=5000, total_steps=250000)
+        p.train.lr_schedule = lr_schedules.Cosine.Params().Set(
+            warmup_steps=5000, total_steps=250000
+        )
         p.train.l2_regularizer_weight = 4e-5
         p.train.clip_gradient_norm_to_value = 10.0
         p.train.max_steps = 250000

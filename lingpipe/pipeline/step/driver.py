@@ -19,8 +19,9 @@ from typing import Any
 import tensorflow as tf
 
 from lingpipe import seeds
-from lingpipe.pipeline import executor, generators, micro_batch, placement, remat, schedule
-from lingpipe.pipeline.stage_context import StageContext
+from lingpipe.pipeline.schedules import generators, schedule
+from lingpipe.pipeline.step import executor, micro_batch, placement, remat
+from lingpipe.pipeline.step.stage_context import StageContext
 
 __all__ = [
     "Driver",

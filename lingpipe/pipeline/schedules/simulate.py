@@ -13,7 +13,7 @@ its stage, a micro-batch run twice or never) or that can deadlock, in one line n
 device's next action, what it waits for, and where that is (blocked, or listed later).
 A forward-only schedule (no B, I or W at all) is valid: evaluation runs one. Costs are
 per kind, in time units: by default 1 for F, I and W, and 2 for a whole backward B;
-or per stage, or per action (lingpipe.pipeline.cost_model gives them in seconds).
+or per stage, or per action (lingpipe.pipeline.planning.cost_model gives them in seconds).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import collections
 import dataclasses
 import itertools
 
-from lingpipe.pipeline.actions import (
+from lingpipe.pipeline.schedules.actions import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
@@ -121,7 +121,7 @@ def _Cost(costs: dict, a: Action) -> float:
 def Simulate(s: Schedule, costs: dict[str, float | list] | None = None) -> Simulation:
     """Runs `s` in simulated time; raises ScheduleError for what the module doc rejects.
     `costs` per kind: a number, one per stage, or {(stage, micro-batch): cost} (the
-    planner's: lingpipe.pipeline.cost_model.ActionCosts)."""
+    planner's: lingpipe.pipeline.planning.cost_model.ActionCosts)."""
     _CheckStructure(s)
     costs = dict(DEFAULT_COSTS, **(costs or {}))
     listed = {a for acts in s.device_actions for a in acts}

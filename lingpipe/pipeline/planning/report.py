@@ -9,7 +9,7 @@ When the stages live on more than one host (devices of other tasks, as under
 from a stage to the next stage's host (`CrossHostBytes`).
 
 With input shapes, each stage also gets its estimated memory in a training step
-(lingpipe.pipeline.memory), printed as a second table; `measured` peaks, when
+(lingpipe.pipeline.observe.memory), printed as a second table; `measured` peaks, when
 set, are printed beside it (per device, or one total where one allocator serves
 every device, as on CPU).
 """
@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Callable
 
 from lingpipe.cluster import HostOf
-from lingpipe.pipeline import memory as memory_lib
+from lingpipe.pipeline.observe import memory as memory_lib
 
 __all__ = [
     "FLOPS_UNITS",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lingpipe import hyperparams, model_registry, optimizers, schedules
+from lingpipe import hyperparams, lr_schedules, model_registry, optimizers
 from lingpipe.inputs import text_lm
 from lingpipe.models import base_model_params, lm
 
@@ -51,7 +51,7 @@ class TransformerLmTiny(base_model_params.SingleTaskModelParams):
         p.train.optimizer = optimizers.Adam.Params()
         p.train.learning_rate = 3e-3
         p.train.max_steps = 400
-        p.train.lr_schedule = schedules.Cosine.Params().Set(
+        p.train.lr_schedule = lr_schedules.Cosine.Params().Set(
             warmup_steps=30, total_steps=p.train.max_steps, min_ratio=0.1
         )
         return p
@@ -101,7 +101,7 @@ class TransformerLmGPipe(base_model_params.SingleTaskModelParams):
         )
         p.train.optimizer = optimizers.Adam.Params().Set(beta2=0.98, epsilon=1e-9)
         p.train.learning_rate = 1e-3
-        p.train.lr_schedule = schedules.LinearWarmupRsqrt.Params().Set(warmup_steps=4000)
+        p.train.lr_schedule = lr_schedules.LinearWarmupRsqrt.Params().Set(warmup_steps=4000)
         p.train.clip_gradient_norm_to_value = 1.0
         p.train.max_steps = 100000
         return p

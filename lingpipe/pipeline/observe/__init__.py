@@ -1,0 +1,1 @@
+"""Looking at a run: the memory estimate, the measured timeline, and pictures."""
