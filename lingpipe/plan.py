@@ -51,6 +51,21 @@ import sys
 import tempfile
 from typing import Any
 
+__all__ = [
+    "Calibrate",
+    "ChooseCosts",
+    "DeviceBytes",
+    "Json",
+    "main",
+    "ParseSize",
+    "Plan",
+    "PlanError",
+    "ProfileNeed",
+    "RegisteredModel",
+    "Screen",
+    "Verify",
+]
+
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _UNITS.update({"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12})
 

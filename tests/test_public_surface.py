@@ -17,19 +17,6 @@ import lingpipe
 
 ROOT = pathlib.Path(lingpipe.__file__).parent
 
-# Modules still without `__all__`: they were being edited elsewhere when this test came
-# in. Give each an `__all__` (or, for a module that is not public, a leading underscore),
-# then drop it from this set: test_pending_modules_are_still_pending says when.
-_PENDING = {
-    "lingpipe.pipeline.planning.calibrate",
-    "lingpipe.pipeline.planning.cell_times",
-    "lingpipe.pipeline.planning.cost_model",
-    "lingpipe.pipeline.observe.memory",
-    "lingpipe.pipeline.planning.planner",
-    "lingpipe.pipeline.schedules.simulate",
-    "lingpipe.plan",
-}
-
 # Modules that only hand out another one under an old name, for one release.
 _SHIMS = {"lingpipe.schedules"}  # relayout: keep
 
@@ -139,13 +126,6 @@ def test_every_public_module_declares_its_surface():
     problems = {
         name: error
         for name, path in PUBLIC.items()
-        if name not in _PENDING | _SHIMS and (error := SurfaceError(path.read_text()))
+        if name not in _SHIMS and (error := SurfaceError(path.read_text()))
     }
     assert not problems, "\n".join(f"{n}: {e}" for n, e in sorted(problems.items()))
-
-
-def test_pending_modules_are_still_pending():
-    unknown = sorted(_PENDING - set(PUBLIC))
-    done = sorted(n for n in _PENDING & set(PUBLIC) if SurfaceError(PUBLIC[n].read_text()) is None)
-    assert not unknown, f"_PENDING names modules that do not exist: {unknown}"
-    assert not done, f"these modules have a valid __all__ now; drop them from _PENDING: {done}"

@@ -39,6 +39,23 @@ from lingpipe.pipeline.schedules.schedule import BACKWARD, BACKWARD_INPUT, FORWA
 from lingpipe.pipeline.step import micro_batch
 from lingpipe.pipeline.step import remat as remat_lib
 
+__all__ = [
+    "ActivationEvents",
+    "CellMemory",
+    "DeviceMemory",
+    "Estimate",
+    "MeasuredPeaks",
+    "MicroBatchSpecs",
+    "Note",
+    "ResetPeaks",
+    "SlotBytes",
+    "StageActivations",
+    "StageMemory",
+    "TraceCells",
+    "TracedFor",
+    "Workspace",
+]
+
 # Ops whose output shares its input's buffer: a saved view costs what its source costs.
 _VIEW_OPS = frozenset({"Reshape", "Identity", "ExpandDims", "Squeeze", "StopGradient", "Snapshot"})
 # Saved tensors that are not activations: the weights, constants.

@@ -28,6 +28,12 @@ import numpy as np
 from lingpipe.pipeline.schedules import simulate
 from lingpipe.pipeline.schedules.schedule import Action, Schedule
 
+__all__ = [
+    "Calibration",
+    "Fit",
+    "FitBusy",
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:

@@ -27,6 +27,12 @@ from lingpipe import base_layer, hyperparams
 from lingpipe.pipeline.planning import cost_model, costs
 from lingpipe.pipeline.step import micro_batch
 
+__all__ = [
+    "Dense",
+    "Profile",
+    "Resized",
+]
+
 
 def _Median(fn: Callable[[], Any], repeats: int) -> float:
     fn()  # trace and warm up

@@ -52,6 +52,19 @@ from lingpipe.pipeline.schedules.schedule import (
 )
 from lingpipe.pipeline.step import remat as remat_lib
 
+__all__ = [
+    "ActionCosts",
+    "CellTimes",
+    "FitLine",
+    "FlopTimes",
+    "Line",
+    "MeasureActionSeconds",
+    "MeasureAddSecondsPerByte",
+    "MeasureApplySecondsPerByte",
+    "MeasureContention",
+    "OptimizerSeconds",
+]
+
 Line = tuple[float, float]  # (fixed seconds, seconds per example)
 
 

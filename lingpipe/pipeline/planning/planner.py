@@ -40,6 +40,29 @@ from lingpipe.pipeline.planning import cost_model, partition
 from lingpipe.pipeline.schedules import generators, simulate
 from lingpipe.pipeline.step import settings
 
+__all__ = [
+    "ActionSeconds",
+    "Calibrated",
+    "Candidate",
+    "Candidates",
+    "CellTimesOf",
+    "Compute",
+    "Contention",
+    "MeasureRates",
+    "MICRO_BATCHES",
+    "ModelCosts",
+    "OutsideSeconds",
+    "Partitions",
+    "PredictSeconds",
+    "Rates",
+    "Refused",
+    "REMAT",
+    "Result",
+    "ScheduleOf",
+    "SCHEDULES",
+    "Search",
+]
+
 # Schedules the search tries by default, with their stages per device (v).
 SCHEDULES = (
     ("gpipe", 1),

@@ -33,6 +33,17 @@ from lingpipe.pipeline.schedules.actions import (
     ScheduleError,
 )
 
+__all__ = [
+    "DEFAULT_COSTS",
+    "Dependencies",
+    "Figures",
+    "Grid",
+    "LastAction",
+    "PeakOf",
+    "Simulate",
+    "Simulation",
+]
+
 DEFAULT_COSTS = {FORWARD: 1.0, BACKWARD: 2.0, BACKWARD_INPUT: 1.0, BACKWARD_WEIGHT: 1.0}
 
 
