@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 from gpipe_cells import (
     DIMS,
+    BarrierCell,
     Mlp,
     MlpWithBatchNorm,
     MlpWithDropout,
@@ -18,8 +19,8 @@ from gpipe_cells import (
     SkipCell,
     Transformer,
 )
-from test_gpipe_placement import _BarrierCell
-from test_schedule import ALL
+from pipeline_reference import AssertSameAsReference, Loss
+from schedule_cases import ALL
 
 from lingpipe import base_layer, seeds, test_utils
 from lingpipe.nested_map import NestedMap
@@ -70,53 +71,6 @@ def test_the_transformer_cases_cover_every_pair_of_values():
         (i, xs), (j, ys) = factors[x], factors[y]
         seen = {(case[i], case[j]) for case in TRANSFORMER}
         assert seen == set(itertools.product(xs, ys)), (x, y)
-
-
-def Loss(outputs, unused_loss_inputs=None):
-    x = outputs[0] if isinstance(outputs, tuple) else outputs
-    x = x.x if isinstance(x, NestedMap) else x
-    rows = tf.cast(tf.shape(x)[0], tf.float32)
-    return NestedMap(loss=(tf.reduce_mean(tf.square(x) + x), rows), mean=(tf.reduce_mean(x), rows))
-
-
-def Scheduled(pipe, args, use_function, variables):
-    def Step():
-        r = pipe.ForwardBackward(pipe.theta, args, Loss)
-        by_ref = {
-            v.ref(): g for v, g in zip(tf.nest.flatten(pipe.theta), tf.nest.flatten(r.theta_grads))
-        }
-        grads = [by_ref[v.ref()] for v in variables]
-        return r.metrics, grads, r.input_grads
-
-    return tf.function(Step, autograph=False)() if use_function else Step()
-
-
-def Reference(pipe, args, variables, fprop=None):
-    with tf.GradientTape() as tape:
-        tape.watch(args)
-        outputs = (fprop or pipe.FPropSequential)(pipe.theta, *args)
-        metrics = Loss(outputs)
-    grads = tape.gradient(metrics.loss[0], list(variables) + list(tf.nest.flatten(args)))
-    n = len(variables)
-    return metrics, grads[:n], tf.nest.pack_sequence_as(args, grads[n:])
-
-
-def AssertSameAsReference(pipe, args, use_function=False, rtol=test_utils.RTOL, fprop=None):
-    variables = list(pipe.trainable_variables)
-    (metrics, grads, input_grads) = Scheduled(pipe, args, use_function, variables)
-    want_metrics, want_grads, want_input_grads = Reference(pipe, args, variables, fprop)
-    for name in ("loss", "mean"):
-        np.testing.assert_allclose(metrics[name][0], want_metrics[name][0], rtol=rtol, atol=1e-6)
-        np.testing.assert_allclose(metrics[name][1], want_metrics[name][1])
-    assert all(g is not None for g in grads), "a variable got no gradient"
-    scale = max(float(np.max(np.abs(g))) for g in want_grads)
-    for i, (g, w) in enumerate(zip(grads, want_grads)):
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * scale, err_msg=f"gradient {i}")
-    for g, w in zip(tf.nest.flatten(input_grads), tf.nest.flatten(want_input_grads)):
-        if w is None:  # an input the cells never read (a skip slot that is overwritten)
-            assert g is None or not np.any(g)
-        else:
-            test_utils.AssertAllCloseToScale(g, w, rtol=rtol)
 
 
 # Eagerly: every K, M and v of the four, the remat policy rotating over them (each policy
@@ -305,13 +259,13 @@ def test_stages_overlap_under_1f1b():
     pipe_barrier = _BarrierPipelineFor("1f1b")
     pipe, x = pipe_barrier
     tf.function(lambda: pipe.ForwardBackward(pipe.theta, (x,), Loss).metrics, autograph=False)()
-    assert sorted(_BarrierCell.meetings) == [(0, 1), (1, 0)]
+    assert sorted(BarrierCell.meetings) == [(0, 1), (1, 0)]
 
 
 def _BarrierPipelineFor(name):
-    _BarrierCell.barrier = threading.Barrier(2, timeout=60)
-    _BarrierCell.meetings = []
-    cells = [_BarrierCell.Params().Set(stage=0), _BarrierCell.Params().Set(stage=1), Mlp()]
+    BarrierCell.barrier = threading.Barrier(2, timeout=60)
+    BarrierCell.meetings = []
+    cells = [BarrierCell.Params().Set(stage=0), BarrierCell.Params().Set(stage=1), Mlp()]
     pipe = Pipeline(cells, 2, 2, "never", schedule=name, partition=[1, 2])
     x = tf.constant(np.repeat([[0.0], [1.0]], 2, axis=0) * np.ones([4, DIMS]), tf.float32)
     return pipe, x

@@ -17,7 +17,7 @@ from gpipe_cells import (
     SquareLoss,
     Transformer,
 )
-from test_executor import AssertSameAsReference
+from pipeline_reference import AssertSameAsReference
 
 from lingpipe import base_layer, seeds, test_utils
 from lingpipe.nested_map import NestedMap

@@ -7,40 +7,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
-
-TRAINER_PARAMS = os.path.join(os.path.dirname(__file__), "trainer_params")
-# Runs the trainer with tests/runners/trainer_params on the `params` package's path.
-LAUNCH = (
-    "import sys, params; params.__path__.append(sys.argv.pop(1)); "
-    "from lingpipe import trainer; trainer.Run()"
-)
-LM = "--model=lm.TransformerLmTiny"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TIMEOUT_S = 240
-
-
-def _Command(*flags):
-    return [sys.executable, "-c", LAUNCH, TRAINER_PARAMS, *flags]
-
-
-def _Env():
-    """The environment of a child process: quiet, CPU only, and this checkout's lingpipe first
-    (a script in tests/ would otherwise import whichever lingpipe is installed, or none)."""
-    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
-    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONPATH=path)
-
-
-def Trainer(*flags, timeout=TIMEOUT_S):
-    """Runs the trainer to its end; returns the CompletedProcess (stdout, stderr as text)."""
-    return subprocess.run(
-        _Command(*flags), capture_output=True, text=True, timeout=timeout, env=_Env()
-    )
+from trainer_runs import LM, TIMEOUT_S, Command, Env, Trainer, Weights
 
 
 def Events(directory):
@@ -56,16 +28,6 @@ def Events(directory):
                 scalar = float(tf.make_ndarray(value.tensor))
                 out.setdefault(value.tag, {})[event.step] = scalar
     return out
-
-
-def Weights(checkpoint_path):
-    """{name: array} of the task's weights (not the optimizer's) in a checkpoint."""
-    reader = tf.train.load_checkpoint(checkpoint_path)
-    return {
-        name: reader.get_tensor(name)
-        for name in reader.get_variable_to_shape_map()
-        if name.startswith("task/") and "optimizer" not in name
-    }
 
 
 @pytest.fixture(scope="module")
@@ -160,10 +122,10 @@ def test_resume_after_sigkill_ends_with_the_weights_of_an_uninterrupted_run(tmp_
     logdir = tmp_path / "killed"
     ckpt_dir = logdir / "checkpoints"
     proc = subprocess.Popen(
-        _Command(*flags, f"--logdir={logdir}", "--mode=train"),
+        Command(*flags, f"--logdir={logdir}", "--mode=train"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env=_Env(),
+        env=Env(),
     )
     try:
         deadline = time.monotonic() + TIMEOUT_S
@@ -234,53 +196,8 @@ def test_inspect_params_prints_the_overridden_params():
     assert "model_dims : 32\n" in run.stdout and "num_heads : 4\n" in run.stdout
 
 
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--model=lm.TransformerLmTinyy"], r"Unknown model 'lm.TransformerLmTinyy'. Did you mean"),
-        (
-            ["--params_override=model_dims : __import__('os').system('touch /tmp/pwned')"],
-            r"value for 'model_dims' is not a literal",
-        ),
-        (["--logical_devices=65"], r"--logical_devices=65: .*expected an integer in \[1, 64\]"),
-        (
-            ["--strategy=tpu", "--tpu=no-such-tpu"],
-            r"--strategy=tpu --tpu=no-such-tpu: .*no TPU could be reached for "
-            r"tpu_name='no-such-tpu'",
-        ),
-        (
-            ["--strategy=multi_worker"],
-            r"reads the cluster from the TF_CONFIG environment variable, which is not set",
-        ),
-        (
-            ["--strategy=mirrored", "--num_stages=2", "--logical_devices=6"],
-            r"the global batch of 32 examples cannot be split evenly over 3 replicas; set "
-            r"input.batch_size to a multiple of 3",
-        ),
-        (["positional"], r"unexpected arguments \['positional'\]"),
-        (
-            ["--params_override=input.seq_len : 128"],
-            r"the Train input's batches \(ids: \[32, 128\].* do not fit the model: "
-            r"pipeline: F s0 mb0 on device 0 .* failed: ValueError: "
-            r"lm/pipeline/cell_0: expected sequences of at most max_len=64 tokens",
-        ),
-    ],
-)
-def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(tmp_path, flags, message):
-    logdir = tmp_path / "never"
-    args = [flags[0]] if flags[0].startswith("--model") else [LM, *flags]
-    if flags[0].startswith("--model"):
-        args += flags[1:]
-    run = Trainer(*args, f"--logdir={logdir}", "--max_steps=2", timeout=60)
-    assert run.returncode == 2, run.stderr[-3000:]
-    last = run.stderr.strip().splitlines()[-1]
-    assert last.startswith("lingpipe.trainer: error: "), run.stderr[-3000:]
-    assert re.search(message, last), last
-    assert "Traceback" not in run.stderr
-    assert not logdir.exists()
-
-
 def test_logdir_that_is_a_file(tmp_path):
+    # The binary exits with main's status: test_trainer_main.py runs main's other refusals.
     path = tmp_path / "a_file"
     path.write_text("keep me")
     run = Trainer(LM, f"--logdir={path}", timeout=60)
