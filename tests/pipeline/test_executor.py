@@ -34,32 +34,39 @@ OTHERS = [
     (name, k, m, v, REMATS[(k + i) % 3])
     for i, (name, k, m, v) in enumerate(c for c in ALL if c[0] not in FOUR)
 ]
-# Traced (the graph, with its chains and held-back weight gradients): every schedule
-# with every (K, M) pair, the remat policy rotating.
-TRACED = [
-    (name, k, m, v, REMATS[(k + i) % 3])
-    for name, k, m, v in CASES
-    for i in [(1, 2, 4, 8).index(m)]
-    if v == 1 or name == "interleaved_1f1b"
-]
-
-
-# A transformer stack (4 layers, so K * v <= 4) over every pair of values of any two
-# of K, M, schedule and remat, in 16 cases: K and M index the rows and columns of two
-# orthogonal Latin squares over GF(4) (a + b and a + 2b), which pick the schedule and
-# the remat policy (its fourth level is 'always' again). Interleaved runs v=2 where M
-# allows it.
+# Two orthogonal Latin squares over GF(4) (a + b and a + 2b) on K (rows) and M
+# (columns) pick the schedule and the remat policy (its fourth level is 'always'
+# again): 16 cases in which every pair of values of any two of K, M, schedule and
+# remat meets.
 _GF4_TIMES_2 = (0, 2, 3, 1)
-TRANSFORMER = [
-    (name, k, m, 2 if name == "interleaved_1f1b" and k <= 2 and m % k == 0 else 1,
-     (*REMATS, "always")[a ^ _GF4_TIMES_2[b]])
-    for a, k in enumerate((1, 2, 3, 4))
-    for b, m in enumerate((1, 2, 4, 8))
-    for name in [FOUR[a ^ b]]
-]  # fmt: skip
 
 
-def test_the_transformer_cases_cover_every_pair_of_values():
+def _EveryPair(v_of):
+    """(name, k, m, v, remat) cases over every pair of values; v_of(name, k, m) gives v."""
+    return [
+        (name, k, m, v_of(name, k, m), (*REMATS, "always")[a ^ _GF4_TIMES_2[b]])
+        for a, k in enumerate((1, 2, 3, 4))
+        for b, m in enumerate((1, 2, 4, 8))
+        for name in [FOUR[a ^ b]]
+    ]
+
+
+# Traced (the graph, with its chains and held-back weight gradients): the eager grid
+# below runs every K, M and v of the four schedules through the same executor; traced,
+# each schedule meets every K, every M and every remat policy, and each (K, M) pair
+# is traced once. Interleaved runs v=2, and v=1 too.
+TRACED = _EveryPair(lambda name, k, m: 2 if name == "interleaved_1f1b" else 1)
+TRACED += [(*case[:3], 1, case[4]) for case in TRACED if case[3] == 2]
+
+# A transformer stack (4 layers, so K * v <= 4) over every pair of values, eagerly.
+# Interleaved runs v=2 where M allows it.
+TRANSFORMER = _EveryPair(
+    lambda name, k, m: 2 if name == "interleaved_1f1b" and k <= 2 and m % k == 0 else 1
+)
+
+
+@pytest.mark.parametrize("cases", ["TRACED", "TRANSFORMER"])
+def test_the_traced_and_transformer_cases_cover_every_pair_of_values(cases):
     # factor: (its position in a case, its values)
     factors = {
         "schedule": (0, FOUR),
@@ -69,12 +76,12 @@ def test_the_transformer_cases_cover_every_pair_of_values():
     }
     for x, y in itertools.combinations(factors, 2):
         (i, xs), (j, ys) = factors[x], factors[y]
-        seen = {(case[i], case[j]) for case in TRANSFORMER}
+        seen = {(case[i], case[j]) for case in globals()[cases]}
         assert seen == set(itertools.product(xs, ys)), (x, y)
 
 
 # Eagerly: every K, M and v of the four, the remat policy rotating over them (each policy
-# meets each schedule and K; the traced grid rotates it the other way).
+# meets each schedule and K).
 EAGER = [(name, k, m, v, REMATS[(k + m + v) % 3]) for name, k, m, v in CASES]
 
 
