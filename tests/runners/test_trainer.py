@@ -160,42 +160,6 @@ def test_resume_after_sigkill_ends_with_the_weights_of_an_uninterrupted_run(tmp_
         np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-    logdir = tmp_path / "nan"
-    run = Trainer(
-        "--model=regression.PoisonedRegression",
-        f"--logdir={logdir}",
-        "--checkpoint_interval_steps=2",
-        "--mode=train",
-    )
-    assert run.returncode == 1
-    message = run.stderr.strip().splitlines()[-1]
-    assert message.startswith("lingpipe.trainer: error: Step 6: the loss is nan")
-    assert "the first is that of regression/pipeline/cell_0/w:0" in message
-    assert f"the last good checkpoint is {logdir}/checkpoints/ckpt-4" in message
-    ckpt_dir = str(logdir / "checkpoints")
-    assert tf.train.latest_checkpoint(ckpt_dir).endswith("ckpt-4")
-    weights = Weights(tf.train.latest_checkpoint(ckpt_dir))
-    assert weights and all(np.all(np.isfinite(w)) for w in weights.values())
-
-
-def test_inspect_model_prints_the_layer_tree_and_partition_report():
-    run = Trainer(LM, "--mode=inspect_model", "--num_stages=2")
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = run.stdout
-    assert "Pipeline lm/pipeline:" in out
-    for row in ("0      /device:CPU:0", "1      /device:CPU:1"):
-        assert row in out
-    assert "GFLOPs" in out and "micro_batches=2" in out
-    assert "Total: 133,507 parameters" in out
-
-
-def test_inspect_params_prints_the_overridden_params():
-    run = Trainer(LM, "--mode=inspect_params", "--params_override=model_dims : 32; num_heads : 4")
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "model_dims : 32\n" in run.stdout and "num_heads : 4\n" in run.stdout
-
-
 def test_logdir_that_is_a_file(tmp_path):
     # The binary exits with main's status: test_trainer_main.py runs main's other refusals.
     path = tmp_path / "a_file"

@@ -9,9 +9,18 @@ import os
 import re
 import socket
 
+import numpy as np
 import pytest
 import tensorflow as tf
-from trainer_runs import KEY, AssertRefused, Listing, Main
+from trainer_runs import (
+    KEY,
+    AssertRefused,
+    Listing,
+    Main,
+    MainWithOutput,
+    Weights,
+    WithTrainerParams,
+)
 
 from lingpipe import model_registry
 from lingpipe.runners import checkpointer
@@ -157,3 +166,43 @@ def test_a_url_logdir_trains_evaluates_and_resumes_without_touching_the_local_di
     finally:
         if tf.io.gfile.exists(logdir):
             tf.io.gfile.rmtree(logdir)
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(capsys, tmp_path):
+    WithTrainerParams()
+    logdir = tmp_path / "nan"
+    status, lines = Main(
+        capsys,
+        "--model=regression.PoisonedRegression",
+        "--max_steps=20",  # the model's own: the loss turns nan at step 6
+        f"--logdir={logdir}",
+        "--checkpoint_interval_steps=2",
+        "--mode=train",
+    )
+    assert status == 1, lines
+    message = lines[-1]
+    assert message.startswith("lingpipe.trainer: error: Step 6: the loss is nan"), message
+    assert "the first is that of regression/pipeline/cell_0/w:0" in message
+    assert f"the last good checkpoint is {logdir}/checkpoints/ckpt-4" in message
+    ckpt_dir = str(logdir / "checkpoints")
+    assert tf.train.latest_checkpoint(ckpt_dir).endswith("ckpt-4")
+    weights = Weights(tf.train.latest_checkpoint(ckpt_dir))
+    assert weights and all(np.all(np.isfinite(w)) for w in weights.values())
+
+
+def test_inspect_model_prints_the_layer_tree_and_partition_report(capsys):
+    status, out, lines = MainWithOutput(capsys, "--mode=inspect_model", "--num_stages=2")
+    assert status == 0, lines
+    assert "Pipeline lm/pipeline:" in out
+    for row in ("0      /device:CPU:0", "1      /device:CPU:1"):
+        assert row in out
+    assert "GFLOPs" in out and "micro_batches=2" in out
+    assert "Total: 133,507 parameters" in out
+
+
+def test_inspect_params_prints_the_overridden_params(capsys):
+    status, out, lines = MainWithOutput(
+        capsys, "--mode=inspect_params", "--params_override=model_dims : 32; num_heads : 4"
+    )
+    assert status == 0, lines
+    assert "model_dims : 32\n" in out and "num_heads : 4\n" in out

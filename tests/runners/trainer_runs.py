@@ -62,10 +62,10 @@ def FreePorts(n):
 # ---- The trainer's main in this process ---------------------------------------
 
 
-def Main(capsys, *flags, argv=("trainer",)):
+def MainWithOutput(capsys, *flags, argv=("trainer",)):
     """Runs the trainer's main with `flags` (after --model=KEY --logical_devices=8
     --max_steps=2, which they may repeat to override) and `argv` as what is left after
-    the flags; returns (exit status, stderr lines)."""
+    the flags; returns (exit status, stdout, stderr lines)."""
     capsys.readouterr()
     trainer.FLAGS.unparse_flags()
     trainer.FLAGS(["trainer", f"--model={KEY}", "--logical_devices=8", "--max_steps=2", *flags])
@@ -73,7 +73,14 @@ def Main(capsys, *flags, argv=("trainer",)):
         status = trainer.main(list(argv))
     finally:
         trainer.FLAGS.unparse_flags()
-    return status, capsys.readouterr().err.strip().splitlines()
+    out, err = capsys.readouterr()
+    return status, out, err.strip().splitlines()
+
+
+def Main(capsys, *flags, argv=("trainer",)):
+    """MainWithOutput without the stdout: (exit status, stderr lines)."""
+    status, _, lines = MainWithOutput(capsys, *flags, argv=argv)
+    return status, lines
 
 
 def AssertRefused(status, lines, message):
@@ -85,12 +92,18 @@ def AssertRefused(status, lines, message):
     assert not any("Traceback" in line for line in lines)
 
 
-def RegressionTask(max_steps, learning_rate=None):
-    """trainer_params' regression.Regression task with its optimizer, in this process."""
+def WithTrainerParams():
+    """Puts tests/runners/trainer_params on the `params` package's path (as LAUNCH does
+    for a trainer process), so that regression.* models resolve in this process."""
     import params
 
     if TRAINER_PARAMS not in params.__path__:
         params.__path__.append(TRAINER_PARAMS)
+
+
+def RegressionTask(max_steps, learning_rate=None):
+    """trainer_params' regression.Regression task with its optimizer, in this process."""
+    WithTrainerParams()
     p = model_registry.GetParams("regression.Regression", "Train")
     p.train.max_steps = max_steps
     if learning_rate is not None:
