@@ -19,6 +19,7 @@ from trainer_runs import (
     AssertRefused,
     Command,
     Env,
+    LastTrainerLine,
     Listing,
     Main,
     RegressionTask,
@@ -462,7 +463,7 @@ def test_a_stopped_worker_is_named_with_the_step_and_the_run_ends(tmp_path, sigt
             if chief.poll() is None:
                 chief.kill()
     log = Read(str(tmp_path), "chief")
-    last = log.strip().splitlines()[-1]
+    last = LastTrainerLine(log)
     import tensorflow as tf
 
     latest = tf_latest = tf.train.latest_checkpoint(ckpt_dir)

@@ -18,7 +18,7 @@ import time
 
 import pytest
 from host_workers import DEADLINE_S, CheckpointStep, Chief, Cluster, Read, Stop, TfConfig, Workers
-from trainer_runs import LM, Command, Env, FreePorts
+from trainer_runs import LM, Command, Env, FreePorts, LastTrainerLine
 
 from lingpipe import worker
 from lingpipe.pipeline import report
@@ -256,7 +256,7 @@ def test_a_killed_worker_stops_the_run_naming_it_and_a_restart_resumes(tmp_path)
             code = chief.wait(timeout=120)
         finally:
             Stop([chief])
-    last = Read(str(tmp_path), "chief").strip().splitlines()[-1]
+    last = LastTrainerLine(Read(str(tmp_path), "chief"))
     assert code == 1, last
     assert re.match(
         rf"lingpipe.trainer: error: Step (\d+) failed: worker 1 \({spec['worker'][1]}\) is gone",

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from trainer_runs import TRAINER_PARAMS, Command, Env, FreePorts, Weights
+from trainer_runs import TRAINER_PARAMS, Command, Env, FreePorts, LastTrainerLine, Weights
 
 from lingpipe import model_registry
 
@@ -138,7 +138,7 @@ def test_a_killed_worker_fails_the_run_clearly_and_a_restart_resumes(tmp_path):
         code = _Wait(procs[:1], deadline_s=120)[0]
     log = _Log(logdir, 0)
     assert code == 1, log[-3000:]
-    last = log.strip().splitlines()[-1]
+    last = LastTrainerLine(log)
     assert re.match(r"lingpipe.trainer: error: Step \d+ failed: \w+", last), last
     assert "restart every worker with the same command" in last
     latest = tf.train.latest_checkpoint(ckpt_dir)

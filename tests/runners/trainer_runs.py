@@ -137,3 +137,15 @@ def Listing(path):
             with open(full, "rb") as f:
                 out[os.path.relpath(full, path)] = f.read()
     return out
+
+
+def LastTrainerLine(text):
+    """The last line the trainer itself wrote ('lingpipe.trainer: ...') in `text`: after a
+    worker was killed, TensorFlow's C++ runtime may still log a line or two of its own
+    ('Failed to register function remotely ...') as the connection drops."""
+    lines = text.strip().splitlines()
+    ours = [i for i, line in enumerate(lines) if line.startswith("lingpipe.trainer: ")]
+    assert ours, text[-3000:]
+    after = lines[ours[-1] + 1 :]
+    assert len(after) <= 4, text[-3000:]  # TensorFlow's last words, not a run that went on
+    return lines[ours[-1]]
