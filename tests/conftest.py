@@ -1,13 +1,75 @@
 """Every test sees 8 logical CPU devices: they stand in for accelerators.
 
 This must run before TensorFlow initializes its devices, so it happens at import time.
+
+Each test also starts from the same process-wide settings (Keras' dtype policy, floatx,
+epsilon and image layout, whether tf.functions run eagerly, lingpipe's eval, recompute
+and seed scopes): a test that changes one and leaves it changed fails in its teardown,
+naming it, and the setting is put back, so the tests after it on the same worker see
+what they would see alone.
 """
 
+import keras
 import pytest
+import tensorflow as tf
 
-from lingpipe import cluster, test_utils
+from lingpipe import base_layer, cluster, seeds, test_utils
 
 cluster.SetLogicalCpuDevices(8)
+
+
+def _Settings():
+    """{name: (value, how to put it back)} of the process-wide settings a test may change."""
+    policy = keras.mixed_precision.global_policy().name
+    floatx, epsilon = keras.config.floatx(), keras.config.epsilon()
+    layout, eager = keras.config.image_data_format(), tf.config.functions_run_eagerly()
+    return {
+        "keras.mixed_precision.global_policy()": (
+            policy,
+            lambda: keras.mixed_precision.set_global_policy(policy),
+        ),
+        "keras.config.floatx()": (floatx, lambda: keras.config.set_floatx(floatx)),
+        "keras.config.epsilon()": (epsilon, lambda: keras.config.set_epsilon(epsilon)),
+        "keras.config.image_data_format()": (
+            layout,
+            lambda: keras.config.set_image_data_format(layout),
+        ),
+        "tf.config.functions_run_eagerly()": (
+            eager,
+            lambda: tf.config.run_functions_eagerly(eager),
+        ),
+        # Context managers' stacks: a test leaves them as it found them, or a scope leaked.
+        "lingpipe.base_layer.DoEval()": (base_layer.DoEval(), None),
+        "lingpipe.base_layer.IsRecomputing()": (base_layer.IsRecomputing(), None),
+        "lingpipe.seeds.CurrentScopeValues()": (seeds.CurrentScopeValues(), None),
+    }
+
+
+def Leaked(before, after):
+    """'name: was A, now B' for each setting of `before` that `after` differs in."""
+    return [
+        f"{name}: was {value!r}, now {after[name][0]!r}"
+        for name, (value, _) in before.items()
+        if after[name][0] != value
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _same_settings_for_every_test():
+    """Fails a test that leaves a process-wide setting changed, and puts it back."""
+    before = _Settings()
+    yield
+    after = _Settings()
+    leaked = Leaked(before, after)
+    for name, (value, restore) in before.items():
+        if restore is not None and after[name][0] != value:
+            restore()
+    if leaked:
+        pytest.fail(
+            "the test changed process-wide settings and left them so (later tests on this "
+            "worker would run under them): " + "; ".join(leaked),
+            pytrace=False,
+        )
 
 
 @pytest.fixture(autouse=True)

@@ -180,3 +180,32 @@ def Misplaced(graph, device_of=lambda stage: stage):
         if device != want:
             bad.append((op.name, op.type, device))
     return bad
+
+
+class BarrierCell(base_layer.BaseLayer):
+    """Passes x through; (stage 0, micro-batch 1) and (stage 1, micro-batch 0) meet.
+
+    A test sets `barrier` (threading.Barrier(2, timeout=...)) and empties `meetings`
+    before it runs the pipeline; the meetings are recorded in `meetings`."""
+
+    barrier = None
+    meetings = []
+
+    @classmethod
+    def Params(cls):
+        p = super().Params()
+        p.Define("stage", 0, "Which stage this cell is on.")
+        return p
+
+    def FProp(self, theta, x):
+        stage = self.params.stage
+
+        def Wait(value):
+            micro_batch = int(value[0, 0])  # rows of micro-batch m hold m
+            if (stage, micro_batch) in ((0, 1), (1, 0)):
+                BarrierCell.barrier.wait()  # raises BrokenBarrierError on timeout
+                BarrierCell.meetings.append((stage, micro_batch))
+            return value
+
+        y = tf.numpy_function(Wait, [x], tf.float32, stateful=False)
+        return tf.ensure_shape(y, x.shape)

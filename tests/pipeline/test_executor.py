@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 from gpipe_cells import (
     DIMS,
+    BarrierCell,
     Mlp,
     MlpWithBatchNorm,
     MlpWithDropout,
@@ -18,8 +19,8 @@ from gpipe_cells import (
     SkipCell,
     Transformer,
 )
-from test_gpipe_placement import _BarrierCell
-from test_schedule import ALL
+from pipeline_reference import AssertSameAsReference, Loss
+from schedule_cases import ALL
 
 from lingpipe import base_layer, seeds, test_utils
 from lingpipe.nested_map import NestedMap
@@ -33,32 +34,39 @@ OTHERS = [
     (name, k, m, v, REMATS[(k + i) % 3])
     for i, (name, k, m, v) in enumerate(c for c in ALL if c[0] not in FOUR)
 ]
-# Traced (the graph, with its chains and held-back weight gradients): every schedule
-# with every (K, M) pair, the remat policy rotating.
-TRACED = [
-    (name, k, m, v, REMATS[(k + i) % 3])
-    for name, k, m, v in CASES
-    for i in [(1, 2, 4, 8).index(m)]
-    if v == 1 or name == "interleaved_1f1b"
-]
-
-
-# A transformer stack (4 layers, so K * v <= 4) over every pair of values of any two
-# of K, M, schedule and remat, in 16 cases: K and M index the rows and columns of two
-# orthogonal Latin squares over GF(4) (a + b and a + 2b), which pick the schedule and
-# the remat policy (its fourth level is 'always' again). Interleaved runs v=2 where M
-# allows it.
+# Two orthogonal Latin squares over GF(4) (a + b and a + 2b) on K (rows) and M
+# (columns) pick the schedule and the remat policy (its fourth level is 'always'
+# again): 16 cases in which every pair of values of any two of K, M, schedule and
+# remat meets.
 _GF4_TIMES_2 = (0, 2, 3, 1)
-TRANSFORMER = [
-    (name, k, m, 2 if name == "interleaved_1f1b" and k <= 2 and m % k == 0 else 1,
-     (*REMATS, "always")[a ^ _GF4_TIMES_2[b]])
-    for a, k in enumerate((1, 2, 3, 4))
-    for b, m in enumerate((1, 2, 4, 8))
-    for name in [FOUR[a ^ b]]
-]  # fmt: skip
 
 
-def test_the_transformer_cases_cover_every_pair_of_values():
+def _EveryPair(v_of):
+    """(name, k, m, v, remat) cases over every pair of values; v_of(name, k, m) gives v."""
+    return [
+        (name, k, m, v_of(name, k, m), (*REMATS, "always")[a ^ _GF4_TIMES_2[b]])
+        for a, k in enumerate((1, 2, 3, 4))
+        for b, m in enumerate((1, 2, 4, 8))
+        for name in [FOUR[a ^ b]]
+    ]
+
+
+# Traced (the graph, with its chains and held-back weight gradients): the eager grid
+# below runs every K, M and v of the four schedules through the same executor; traced,
+# each schedule meets every K, every M and every remat policy, and each (K, M) pair
+# is traced once. Interleaved runs v=2, and v=1 too.
+TRACED = _EveryPair(lambda name, k, m: 2 if name == "interleaved_1f1b" else 1)
+TRACED += [(*case[:3], 1, case[4]) for case in TRACED if case[3] == 2]
+
+# A transformer stack (4 layers, so K * v <= 4) over every pair of values, eagerly.
+# Interleaved runs v=2 where M allows it.
+TRANSFORMER = _EveryPair(
+    lambda name, k, m: 2 if name == "interleaved_1f1b" and k <= 2 and m % k == 0 else 1
+)
+
+
+@pytest.mark.parametrize("cases", ["TRACED", "TRANSFORMER"])
+def test_the_traced_and_transformer_cases_cover_every_pair_of_values(cases):
     # factor: (its position in a case, its values)
     factors = {
         "schedule": (0, FOUR),
@@ -68,59 +76,12 @@ def test_the_transformer_cases_cover_every_pair_of_values():
     }
     for x, y in itertools.combinations(factors, 2):
         (i, xs), (j, ys) = factors[x], factors[y]
-        seen = {(case[i], case[j]) for case in TRANSFORMER}
+        seen = {(case[i], case[j]) for case in globals()[cases]}
         assert seen == set(itertools.product(xs, ys)), (x, y)
 
 
-def Loss(outputs, unused_loss_inputs=None):
-    x = outputs[0] if isinstance(outputs, tuple) else outputs
-    x = x.x if isinstance(x, NestedMap) else x
-    rows = tf.cast(tf.shape(x)[0], tf.float32)
-    return NestedMap(loss=(tf.reduce_mean(tf.square(x) + x), rows), mean=(tf.reduce_mean(x), rows))
-
-
-def Scheduled(pipe, args, use_function, variables):
-    def Step():
-        r = pipe.ForwardBackward(pipe.theta, args, Loss)
-        by_ref = {
-            v.ref(): g for v, g in zip(tf.nest.flatten(pipe.theta), tf.nest.flatten(r.theta_grads))
-        }
-        grads = [by_ref[v.ref()] for v in variables]
-        return r.metrics, grads, r.input_grads
-
-    return tf.function(Step, autograph=False)() if use_function else Step()
-
-
-def Reference(pipe, args, variables, fprop=None):
-    with tf.GradientTape() as tape:
-        tape.watch(args)
-        outputs = (fprop or pipe.FPropSequential)(pipe.theta, *args)
-        metrics = Loss(outputs)
-    grads = tape.gradient(metrics.loss[0], list(variables) + list(tf.nest.flatten(args)))
-    n = len(variables)
-    return metrics, grads[:n], tf.nest.pack_sequence_as(args, grads[n:])
-
-
-def AssertSameAsReference(pipe, args, use_function=False, rtol=test_utils.RTOL, fprop=None):
-    variables = list(pipe.trainable_variables)
-    (metrics, grads, input_grads) = Scheduled(pipe, args, use_function, variables)
-    want_metrics, want_grads, want_input_grads = Reference(pipe, args, variables, fprop)
-    for name in ("loss", "mean"):
-        np.testing.assert_allclose(metrics[name][0], want_metrics[name][0], rtol=rtol, atol=1e-6)
-        np.testing.assert_allclose(metrics[name][1], want_metrics[name][1])
-    assert all(g is not None for g in grads), "a variable got no gradient"
-    scale = max(float(np.max(np.abs(g))) for g in want_grads)
-    for i, (g, w) in enumerate(zip(grads, want_grads)):
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * scale, err_msg=f"gradient {i}")
-    for g, w in zip(tf.nest.flatten(input_grads), tf.nest.flatten(want_input_grads)):
-        if w is None:  # an input the cells never read (a skip slot that is overwritten)
-            assert g is None or not np.any(g)
-        else:
-            test_utils.AssertAllCloseToScale(g, w, rtol=rtol)
-
-
 # Eagerly: every K, M and v of the four, the remat policy rotating over them (each policy
-# meets each schedule and K; the traced grid rotates it the other way).
+# meets each schedule and K).
 EAGER = [(name, k, m, v, REMATS[(k + m + v) % 3]) for name, k, m, v in CASES]
 
 
@@ -305,13 +266,13 @@ def test_stages_overlap_under_1f1b():
     pipe_barrier = _BarrierPipelineFor("1f1b")
     pipe, x = pipe_barrier
     tf.function(lambda: pipe.ForwardBackward(pipe.theta, (x,), Loss).metrics, autograph=False)()
-    assert sorted(_BarrierCell.meetings) == [(0, 1), (1, 0)]
+    assert sorted(BarrierCell.meetings) == [(0, 1), (1, 0)]
 
 
 def _BarrierPipelineFor(name):
-    _BarrierCell.barrier = threading.Barrier(2, timeout=60)
-    _BarrierCell.meetings = []
-    cells = [_BarrierCell.Params().Set(stage=0), _BarrierCell.Params().Set(stage=1), Mlp()]
+    BarrierCell.barrier = threading.Barrier(2, timeout=60)
+    BarrierCell.meetings = []
+    cells = [BarrierCell.Params().Set(stage=0), BarrierCell.Params().Set(stage=1), Mlp()]
     pipe = Pipeline(cells, 2, 2, "never", schedule=name, partition=[1, 2])
     x = tf.constant(np.repeat([[0.0], [1.0]], 2, axis=0) * np.ones([4, DIMS]), tf.float32)
     return pipe, x

@@ -17,26 +17,35 @@ from gpipe_cells import (
     SquareLoss,
     Transformer,
 )
-from test_executor import AssertSameAsReference
+from pipeline_reference import AssertSameAsReference
 
 from lingpipe import base_layer, seeds, test_utils
 from lingpipe.nested_map import NestedMap
 
 REMATS = ("always", "except_last", "never")
 GRID = [(k, m, remat) for k in (1, 2, 3, 4) for m in (1, 2, 4, 8) for remat in REMATS]
-# For the transformer, whose every case costs seconds of tracing: every (K, M) pair,
-# with the remat policy rotating so that every (K, remat) and (M, remat) pair occurs
-# too. The MLP runs the whole grid.
+# Where every case costs a trace (the transformer's seconds, the MLP's traced grid):
+# every (K, M) pair, with the remat policy rotating so that every (K, remat) and
+# (M, remat) pair occurs too. The MLP runs the whole grid eagerly (the same ops
+# without tracing's cost) and this one traced.
 PAIRWISE_GRID = [
     (k, m, REMATS[(k + i) % 3]) for k in (1, 2, 3, 4) for i, m in enumerate((1, 2, 4, 8))
 ]
+MLP_GRID = [(k, m, remat, False) for k, m, remat in GRID] + [
+    (k, m, remat, True) for k, m, remat in PAIRWISE_GRID
+]
 
 
-@pytest.mark.parametrize("k,m,remat", GRID)
-def test_mlp_grid(k, m, remat):
+def test_the_pairwise_grid_meets_every_pair_of_values():
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        assert {(c[i], c[j]) for c in PAIRWISE_GRID} == {(c[i], c[j]) for c in GRID}, (i, j)
+
+
+@pytest.mark.parametrize("k,m,remat,traced", MLP_GRID)
+def test_mlp_grid(k, m, remat, traced):
     pipe = Pipeline([Mlp()] * 8, k, m, remat)
     x = tf.random.normal([8, DIMS])
-    got, want = PipelineAndReference(pipe, (x,))
+    got, want = PipelineAndReference(pipe, (x,), use_function=traced)
     AssertSame(got, want)
     # No batch coupling: the reference equals the plain stack on the whole batch.
     test_utils.AssertAllCloseToScale(got[0], PlainStack(pipe, x))

@@ -7,7 +7,16 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
-from gpipe_cells import DIMS, STAGE_SCOPE, Misplaced, Mlp, Pipeline, SquareLoss, Transformer
+from gpipe_cells import (
+    DIMS,
+    STAGE_SCOPE,
+    BarrierCell,
+    Misplaced,
+    Mlp,
+    Pipeline,
+    SquareLoss,
+    Transformer,
+)
 
 from lingpipe import base_layer
 
@@ -104,36 +113,10 @@ def test_recompute_follows_each_stage_s_policy(remat, recomputed):
             assert tanh_in_backward[(k, m)] == (2 if m in recomputed[k] else 0), (k, m)
 
 
-class _BarrierCell(base_layer.BaseLayer):
-    """Passes x through; (stage 0, micro-batch 1) and (stage 1, micro-batch 0) meet."""
-
-    barrier = None
-    meetings = []
-
-    @classmethod
-    def Params(cls):
-        p = super().Params()
-        p.Define("stage", 0, "Which stage this cell is on.")
-        return p
-
-    def FProp(self, theta, x):
-        stage = self.params.stage
-
-        def Wait(value):
-            micro_batch = int(value[0, 0])  # rows of micro-batch m hold m
-            if (stage, micro_batch) in ((0, 1), (1, 0)):
-                _BarrierCell.barrier.wait()  # raises BrokenBarrierError on timeout
-                _BarrierCell.meetings.append((stage, micro_batch))
-            return value
-
-        y = tf.numpy_function(Wait, [x], tf.float32, stateful=False)
-        return tf.ensure_shape(y, x.shape)
-
-
 def _BarrierPipeline(timeout):
-    _BarrierCell.barrier = threading.Barrier(2, timeout=timeout)
-    _BarrierCell.meetings = []
-    cells = [_BarrierCell.Params().Set(stage=0), _BarrierCell.Params().Set(stage=1)]
+    BarrierCell.barrier = threading.Barrier(2, timeout=timeout)
+    BarrierCell.meetings = []
+    cells = [BarrierCell.Params().Set(stage=0), BarrierCell.Params().Set(stage=1)]
     pipe = Pipeline(cells, 2, 2)
     x = tf.constant(np.repeat([[0.0], [1.0]], 2, axis=0) * np.ones([4, DIMS]), tf.float32)
     return pipe, x
@@ -145,8 +128,8 @@ def test_stages_work_on_different_micro_batches_at_the_same_time():
         with base_layer.EvalMode(mode):
             y = tf.function(lambda: pipe.FProp(pipe.theta, x))()
         np.testing.assert_array_equal(y.numpy(), x.numpy())
-        assert sorted(_BarrierCell.meetings) == [(0, 1), (1, 0)]
-        _BarrierCell.meetings = []
+        assert sorted(BarrierCell.meetings) == [(0, 1), (1, 0)]
+        BarrierCell.meetings = []
 
 
 def test_the_barrier_catches_a_serialized_schedule():

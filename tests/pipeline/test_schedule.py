@@ -1,41 +1,14 @@
 """Schedules as data: generators, the validating simulation, the grid and its command."""
 
-import subprocess
-import sys
-
 import pytest
+from schedule_cases import ALL, Command
 
 from lingpipe.pipeline.schedules import controllable_memory, generators, schedule, simulate
 from lingpipe.pipeline.schedules.schedule import Action, ScheduleError
 
 
-def _Runs(name, k, m, v):
-    """Whether `name` takes these counts (DualPipeV needs M >= 2K)."""
-    return name != "dualpipev" or m >= 2 * k
-
-
-# Every training schedule, K, M and v that can run (test_executor runs them too).
-ALL = [
-    (name, k, m, v)
-    for name in generators.SCHEDULES
-    if name != "forward_only"
-    for k in (1, 2, 3, 4)
-    for m in (1, 2, 4, 8)
-    for v in ((1, 2) if name in generators.VIRTUAL else (1,))
-    if _Runs(name, k, m, v)
-]
-
-
 def Kinds(acts):
     return "".join(a.kind for a in acts)
-
-
-def Command(*flags):
-    """`python -m lingpipe.pipeline.schedules` with these flags, run in a new process."""
-    return subprocess.run(
-        [sys.executable, "-m", "lingpipe.pipeline.schedules", *flags],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize("name,k,m,v", ALL)

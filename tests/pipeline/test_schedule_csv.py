@@ -4,7 +4,7 @@ and the command's --csv. (The engine's imports: tests/test_layout.py.)"""
 import pathlib
 
 import pytest
-from test_schedule import Command
+from schedule_cases import Command
 
 from lingpipe.pipeline.schedules import generators, simulate
 from lingpipe.pipeline.schedules.schedule import Action, FromCsv, Schedule, ScheduleError, ToCsv
@@ -156,7 +156,7 @@ def test_the_trainer_flag_takes_a_csv_path_and_refuses_an_unknown_name():
 def test_the_fixtures_train_the_mlp_to_the_reference_gradients(path):
     import tensorflow as tf
     from gpipe_cells import DIMS, Mlp, Pipeline
-    from test_executor import AssertSameAsReference
+    from pipeline_reference import AssertSameAsReference
 
     for spec in (str(path), FromCsv(path)):  # a path, or a Schedule value
         pipe = Pipeline([Mlp()] * 4, 2, 2, "always", schedule=spec)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from test_trainer import _Env
+from trainer_runs import Env, Main
 
 from lingpipe.runners import rundir, startup, stop_signals
 
@@ -245,7 +245,7 @@ def test_a_signal_while_tensorflow_is_imported_stops_with_one_line_and_status_3(
         capture_output=True,
         text=True,
         timeout=60,
-        env=_Env(),
+        env=Env(),
     )
     assert (proc.returncode, proc.stderr.splitlines()) == (3, [_STOPPED.format(name)])
     assert not logdir.exists()
@@ -255,7 +255,6 @@ def test_a_signal_while_tensorflow_is_imported_stops_with_one_line_and_status_3(
 def test_a_signal_while_the_params_are_resolved_stops_with_one_line_and_status_3(
     capsys, tmp_path, monkeypatch, stray_signals, signum
 ):
-    from test_trainer_main import Main
 
     def Resolve(*args):
         signal.raise_signal(signum)
@@ -271,7 +270,6 @@ def test_a_signal_while_the_params_are_resolved_stops_with_one_line_and_status_3
 def test_a_signal_just_after_the_lock_is_taken_releases_it_with_one_line_and_status_3(
     capsys, tmp_path, monkeypatch, stray_signals, signum
 ):
-    from test_trainer_main import Main
 
     logdir = tmp_path / "run"
 

@@ -12,7 +12,19 @@ import subprocess
 import sys
 
 import pytest
-from test_trainer import _Env
+from host_workers import DEADLINE_S, CheckpointStep, Chief, Cluster, Read, Workers
+from trainer_runs import (
+    KEY,
+    TIMEOUT_S,
+    AssertRefused,
+    Command,
+    Env,
+    LastTrainerLine,
+    Listing,
+    Main,
+    RegressionTask,
+    Weights,
+)
 
 _TRIALS = 300  # the race hit 2 in 400 and 1 in 60 trials before the fix
 
@@ -106,33 +118,23 @@ def test_two_processes_never_both_take_over_a_stale_lock(tmp_path):
 def test_bad_param_values_are_refused_in_one_line_before_anything_is_written(
     capsys, tmp_path, override, message
 ):
-    from test_trainer_main import Main, _AssertRefused
-
     logdir = tmp_path / "run"
     status, lines = Main(capsys, f"--logdir={logdir}", f"--params_override={override}")
-    _AssertRefused(status, lines, message)
+    AssertRefused(status, lines, message)
     assert lines[-1] == f"lingpipe.trainer: error: {message}"
     assert not logdir.exists()
 
 
-def _Main(capsys, *flags):
-    from test_trainer_main import Main
-
-    return Main(capsys, *flags)
-
-
 def test_a_params_file_that_is_a_directory_is_refused_before_anything_is_written(capsys, tmp_path):
-    from test_trainer_main import Listing, _AssertRefused
-
     logdir = tmp_path / "run"
     (logdir / "params.txt").mkdir(parents=True)
     before = Listing(logdir)
-    status, lines = _Main(capsys, f"--logdir={logdir}")
+    status, lines = Main(capsys, f"--logdir={logdir}")
     message = (
         f"--logdir={logdir}: {logdir}/params.txt is a directory; expected a file the run "
         "writes (move it away or choose another --logdir)"
     )
-    _AssertRefused(status, lines, message)
+    AssertRefused(status, lines, message)
     assert Listing(logdir) == before and sorted(os.listdir(logdir)) == ["params.txt"]
 
 
@@ -155,7 +157,7 @@ def test_a_full_disk_at_start_up_ends_with_one_line_exit_1_and_no_lock(
             super().close()
 
     monkeypatch.setattr(tf.io.gfile, "GFile", FullDisk)
-    status, lines = _Main(capsys, f"--logdir={logdir}")
+    status, lines = Main(capsys, f"--logdir={logdir}")
     assert status == 1, lines
     assert not any("Traceback" in line for line in lines)
     assert lines[-1].startswith(f"lingpipe.trainer: error: cannot write {logdir}/params.txt: ")
@@ -165,16 +167,14 @@ def test_a_full_disk_at_start_up_ends_with_one_line_exit_1_and_no_lock(
 
 @pytest.mark.parametrize("export_dir", ["file/export", "file"])
 def test_an_export_dir_under_or_at_a_file_is_refused(capsys, tmp_path, export_dir):
-    from test_trainer_main import _AssertRefused
-
     (tmp_path / "file").write_text("not a directory")
-    status, lines = _Main(
+    status, lines = Main(
         capsys,
         f"--logdir={tmp_path / 'run'}",
         "--mode=export",
         f"--export_dir={tmp_path / export_dir}",
     )
-    _AssertRefused(
+    AssertRefused(
         status,
         lines,
         f"--export_dir={tmp_path / export_dir}: {tmp_path / 'file'} is a file; expected a "
@@ -185,7 +185,6 @@ def test_an_export_dir_under_or_at_a_file_is_refused(capsys, tmp_path, export_di
 def _SaveOneCheckpoint(logdir):
     """ckpt-1 of an untrained TransformerLmTiny in logdir/checkpoints."""
     import tensorflow as tf
-    from test_trainer_main import KEY
 
     from lingpipe import model_registry
     from lingpipe.runners import checkpointer
@@ -196,8 +195,6 @@ def _SaveOneCheckpoint(logdir):
 
 
 def test_an_export_beside_other_files_is_refused(capsys, tmp_path):
-    from test_trainer_main import Listing, _AssertRefused
-
     logdir = tmp_path / "run"
     _SaveOneCheckpoint(logdir)
     mine = tmp_path / "mine"
@@ -206,15 +203,15 @@ def test_an_export_beside_other_files_is_refused(capsys, tmp_path):
     (logdir / "export" / "1").mkdir(parents=True)
     (logdir / "export" / "1" / "a.txt").write_text("the user's")
     before = Listing(tmp_path)
-    status, lines = _Main(capsys, f"--logdir={logdir}", "--mode=export", f"--export_dir={mine}")
-    _AssertRefused(
+    status, lines = Main(capsys, f"--logdir={logdir}", "--mode=export", f"--export_dir={mine}")
+    AssertRefused(
         status,
         lines,
         f"--export_dir={mine}: it holds notes.txt, which an export would sit beside; expected "
         "a directory (new, empty, or holding an earlier export)",
     )
-    status, lines = _Main(capsys, f"--logdir={logdir}", "--mode=export")
-    _AssertRefused(
+    status, lines = Main(capsys, f"--logdir={logdir}", "--mode=export")
+    AssertRefused(
         status,
         lines,
         f"the export directory {logdir}/export/1 (--export_dir's default): it holds a.txt, "
@@ -264,12 +261,11 @@ def test_eval_and_export_restore_without_warning_about_the_optimizer(tmp_path, c
     import gc
 
     import tensorflow as tf
-    from test_run_safety import _Task
 
     from lingpipe import model_registry, optimizers
     from lingpipe.runners import checkpointer
 
-    _Task(2)  # puts trainer_params on the params package's path
+    RegressionTask(2)  # puts trainer_params on the params package's path
     p = model_registry.GetParams("regression.Regression", "Train")
     p.train.optimizer = optimizers.Adam.Params()  # slots: what eval does not build
     trained = p.Instantiate()
@@ -286,12 +282,10 @@ def test_eval_and_export_restore_without_warning_about_the_optimizer(tmp_path, c
 
 
 def test_profile_steps_after_the_last_step_are_refused(capsys, tmp_path):
-    from test_trainer_main import _AssertRefused
-
     logdir = tmp_path / "run"
     flags = ("--profile_steps=50,60", "--max_steps=3")
-    status, lines = _Main(capsys, f"--logdir={logdir}", *flags)
-    _AssertRefused(
+    status, lines = Main(capsys, f"--logdir={logdir}", *flags)
+    AssertRefused(
         status,
         lines,
         "--profile_steps=50,60: the run ends at step 3 (train.max_steps), before step 50; "
@@ -305,7 +299,7 @@ def test_eval_with_other_flags_leaves_the_runs_params_files_as_they_were(capsys,
     _SaveOneCheckpoint(logdir)
     for name in ("params.txt", "params_diff.txt"):
         (logdir / name).write_text(f"# {name} of the run that trained\n")
-    status, lines = _Main(
+    status, lines = Main(
         capsys, f"--logdir={logdir}", "--mode=eval", "--params_override=train.learning_rate : 0.5"
     )
     assert status == 0, lines
@@ -338,13 +332,11 @@ def test_sigterm_just_after_the_lock_is_taken_stops_cleanly_and_releases_it(tmp_
     import signal
     import time
 
-    from test_trainer import TIMEOUT_S, _Command
-
     logdir = tmp_path / "run"
     lock = logdir / "lingpipe.lock"
     flags = ["--model=regression.Regression", f"--logdir={logdir}", "--max_steps=300"]
     proc = subprocess.Popen(
-        _Command(*flags), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_Env()
+        Command(*flags), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=Env()
     )
     try:
         deadline = time.monotonic() + TIMEOUT_S
@@ -365,11 +357,9 @@ def test_sigterm_just_after_the_lock_is_taken_stops_cleanly_and_releases_it(tmp_
 
 
 def test_a_model_too_big_for_the_machine_is_refused_before_it_is_built(capsys, tmp_path):
-    from test_trainer_main import _AssertRefused
-
     logdir = tmp_path / "run"
-    status, lines = _Main(capsys, f"--logdir={logdir}", "--params_override=model_dims : 1000000000")
-    _AssertRefused(
+    status, lines = Main(capsys, f"--logdir={logdir}", "--params_override=model_dims : 1000000000")
+    AssertRefused(
         status,
         lines,
         "--model=lm.TransformerLmTiny does not fit: stage 0 of lm/pipeline (on /device:CPU:0) "
@@ -441,14 +431,12 @@ def test_a_stopped_worker_is_named_with_the_step_and_the_run_ends(tmp_path, sigt
     import signal
     import time
 
-    from test_hosts import DEADLINE_S, Workers, _CheckpointStep, _Chief, _Cluster, _Read
-
     logdir, ckpt_dir = str(tmp_path / "run"), str(tmp_path / "run" / "checkpoints")
-    spec = _Cluster(2)
+    spec = Cluster(2)
     flags = ["--num_stages=4", "--checkpoint_interval_steps=5", "--log_interval_steps=0"]
     timeout = "600" if sigterm else "8"
     with Workers(spec, str(tmp_path)) as procs:
-        chief = _Chief(
+        chief = Chief(
             spec,
             *flags,
             "--max_steps=100000",
@@ -461,8 +449,8 @@ def test_a_stopped_worker_is_named_with_the_step_and_the_run_ends(tmp_path, sigt
         )
         try:
             end = time.monotonic() + DEADLINE_S
-            while not _CheckpointStep(ckpt_dir) >= 10:
-                assert chief.poll() is None, _Read(str(tmp_path), "chief")[-3000:]
+            while not CheckpointStep(ckpt_dir) >= 10:
+                assert chief.poll() is None, Read(str(tmp_path), "chief")[-3000:]
                 assert time.monotonic() < end, "no checkpoint appeared in time"
                 time.sleep(0.05)
             procs[1].send_signal(signal.SIGSTOP)
@@ -474,8 +462,8 @@ def test_a_stopped_worker_is_named_with_the_step_and_the_run_ends(tmp_path, sigt
             procs[1].send_signal(signal.SIGCONT)
             if chief.poll() is None:
                 chief.kill()
-    log = _Read(str(tmp_path), "chief")
-    last = log.strip().splitlines()[-1]
+    log = Read(str(tmp_path), "chief")
+    last = LastTrainerLine(log)
     import tensorflow as tf
 
     latest = tf_latest = tf.train.latest_checkpoint(ckpt_dir)
@@ -504,8 +492,6 @@ def test_a_stopped_worker_is_named_with_the_step_and_the_run_ends(tmp_path, sigt
     step = int(match.group(2))
     assert saved >= 10 and (step > saved if match.group(1).lower() == "step " else step >= saved)
     # The newest checkpoint is whole: every tensor of it reads.
-    from test_trainer import Weights
-
     assert Weights(latest)
     assert "Traceback" not in log
 
@@ -530,10 +516,8 @@ def test_an_earlier_export_may_be_replaced_but_nothing_else(tmp_path):
 
 
 def test_a_negative_step_timeout_is_refused(capsys, tmp_path):
-    from test_trainer_main import _AssertRefused
-
-    status, lines = _Main(capsys, f"--logdir={tmp_path / 'run'}", "--step_timeout_s=-1")
-    _AssertRefused(
+    status, lines = Main(capsys, f"--logdir={tmp_path / 'run'}", "--step_timeout_s=-1")
+    AssertRefused(
         status, lines, "--step_timeout_s: expected seconds >= 0 (0: no limit), received -1"
     )
 
@@ -554,7 +538,7 @@ def _MainWhileOneCallHangs(capsys, monkeypatch, patch, *flags):
 
     monkeypatch.setattr(owner, name, Patched)
     try:
-        return _Main(capsys, *flags)
+        return Main(capsys, *flags)
     finally:
         release.set()
 

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 import tensorflow as tf
-from test_trainer_main import KEY, Listing, Main, _AssertRefused
+from trainer_runs import KEY, AssertRefused, Listing, Main
 
 from lingpipe import export, glob_paths, model_registry
 from lingpipe.runners import checkpointer, startup
@@ -59,7 +59,7 @@ def test_a_new_run_named_like_a_glob_is_refused_before_anything_is_written(
 ):
     logdir = tmp_path / "runs" / name
     status, lines = Main(capsys, f"--logdir={logdir}")
-    _AssertRefused(
+    AssertRefused(
         status,
         lines,
         f"lingpipe.trainer: error: --logdir={logdir}: {EXPECTED} ({WHY}); choose another "
@@ -81,7 +81,7 @@ def test_a_run_renamed_as_the_refusal_says_loads_with_tensorflow_alone(capsys, t
     before = Listing(tmp_path)
     for mode in ("train", "eval", "export"):
         status, lines = Main(capsys, f"--logdir={bad}", f"--mode={mode}")
-        _AssertRefused(
+        AssertRefused(
             status,
             lines,
             f"lingpipe.trainer: error: --logdir={bad}: {EXPECTED} ({WHY}); rename it, e.g. "
@@ -92,7 +92,7 @@ def test_a_run_renamed_as_the_refusal_says_loads_with_tensorflow_alone(capsys, t
     before = Listing(tmp_path)
     exported = tmp_path / "out[1]"
     status, lines = Main(capsys, f"--logdir={good}", "--mode=export", f"--export_dir={exported}")
-    _AssertRefused(
+    AssertRefused(
         status,
         lines,
         f"lingpipe.trainer: error: --export_dir={exported}: {EXPECTED} ({WHY}); choose another "

@@ -7,7 +7,6 @@ Every process a test starts is killed when the test (or the module) ends, howeve
 it ends, and every wait is bounded.
 """
 
-import contextlib
 import json
 import os
 import re
@@ -18,88 +17,23 @@ import sys
 import time
 
 import pytest
-from test_multi_worker import _FreePorts
-from test_trainer import _Command, _Env
+from host_workers import DEADLINE_S, CheckpointStep, Chief, Cluster, Read, Stop, TfConfig, Workers
+from trainer_runs import LM, Command, Env, FreePorts, LastTrainerLine
 
 from lingpipe import worker
 from lingpipe.pipeline.planning import report
 from lingpipe.runners import hosts
 
 HERE = os.path.dirname(__file__)
-DEADLINE_S = 240
-LM = "--model=lm.TransformerLmTiny"
-
-
-# ---- Processes -------------------------------------------------------------
-
-
-def _Cluster(num_workers):
-    chief, *workers = _FreePorts(num_workers + 1)
-    return {"chief": [f"127.0.0.1:{chief}"], "worker": [f"127.0.0.1:{p}" for p in workers]}
-
-
-def _TfConfig(spec, task_type, index):
-    return json.dumps({"cluster": spec, "task": {"type": task_type, "index": index}})
-
-
-def _StartWorker(spec, index, logdir, tag=""):
-    log = open(os.path.join(logdir, f"worker{index}{tag}.log"), "w")
-    env = dict(_Env(), TF_CONFIG=_TfConfig(spec, "worker", index))
-    return subprocess.Popen(
-        [sys.executable, "-m", "lingpipe.worker", "--logical_devices=2"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-
-
-def _Stop(procs):
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-    for p in procs:
-        p.wait(timeout=30)
-
-
-@contextlib.contextmanager
-def Workers(spec, logdir, tag=""):
-    """Starts one worker per address of spec['worker']; kills them all at the end."""
-    procs = []
-    try:
-        for i in range(len(spec["worker"])):
-            procs.append(_StartWorker(spec, i, logdir, tag))
-        yield procs
-    finally:
-        _Stop(procs)
 
 
 @pytest.fixture(scope="module")
 def three_workers(tmp_path_factory):
     """Three workers of 2 logical CPU devices each, shared by the module's tests."""
     logdir = str(tmp_path_factory.mktemp("workers"))
-    spec = _Cluster(3)
+    spec = Cluster(3)
     with Workers(spec, logdir) as procs:
         yield spec, procs, logdir
-
-
-def _Chief(spec, *flags, logdir, tag, wait=True):
-    """The trainer as the chief of `spec` (a fresh chief port); its Popen, or its exit code."""
-    spec = dict(spec, chief=[f"127.0.0.1:{_FreePorts(1)[0]}"])
-    env = dict(_Env(), TF_CONFIG=_TfConfig(spec, "chief", 0))
-    log = open(os.path.join(logdir, f"{tag}.log"), "w")
-    proc = subprocess.Popen(
-        _Command(LM, "--strategy=hosts", *flags), stdout=log, stderr=subprocess.STDOUT, env=env
-    )
-    if not wait:
-        return proc
-    try:
-        return proc.wait(timeout=DEADLINE_S)
-    finally:
-        _Stop([proc])
-
-
-def _Read(logdir, tag):
-    return open(os.path.join(logdir, f"{tag}.log")).read()
 
 
 def _Losses(log):
@@ -128,12 +62,12 @@ def test_tf_config_errors_say_what_the_trainer_and_worker_expect():
         hosts.ReadCluster(json.dumps({"cluster": {"worker": ["a:1", "b:2"]}}))
     spec = {"chief": ["c:1"], "worker": ["a:1"]}
     with pytest.raises(ValueError, match=r"this process is task \('worker', 0\); the trainer"):
-        hosts.ReadCluster(_TfConfig(spec, "worker", 0))
-    assert hosts.ReadCluster(_TfConfig(spec, "chief", 0)) == hosts.Cluster("c:1", ("a:1",))
+        hosts.ReadCluster(TfConfig(spec, "worker", 0))
+    assert hosts.ReadCluster(TfConfig(spec, "chief", 0)) == hosts.Cluster("c:1", ("a:1",))
     with pytest.raises(worker.WorkerError, match="the task is the chief, which is the trainer"):
-        worker.ReadTask(_TfConfig(spec, "chief", 0))
+        worker.ReadTask(TfConfig(spec, "chief", 0))
     with pytest.raises(worker.WorkerError, match=r"task \('worker', 3\) is not in the cluster"):
-        worker.ReadTask(_TfConfig(spec, "worker", 3))
+        worker.ReadTask(TfConfig(spec, "worker", 3))
 
 
 def test_a_worker_lost_during_a_save_is_named_not_reported_as_an_unwritable_checkpoint():
@@ -145,7 +79,7 @@ def test_a_worker_lost_during_a_save_is_named_not_reported_as_an_unwritable_chec
         def Save(self, step):
             raise checkpointer.CheckpointError(f"cannot write checkpoint ckpt-{step}")
 
-    (closed,) = _FreePorts(1)  # nothing listens there: the worker is gone
+    (closed,) = FreePorts(1)  # nothing listens there: the worker is gone
     trainer = object.__new__(hosts.HostsTrainer)
     trainer._cluster = hosts.Cluster("127.0.0.1:1", (f"127.0.0.1:{closed}",))
     trainer._checkpointer, trainer._is_chief, trainer._saved_step = Saver(), True, 5
@@ -182,10 +116,10 @@ def test_gradient_traffic_counts_each_weight_whose_replica_copy_is_on_another_ho
 @pytest.mark.slow
 def test_pipeline_over_workers_equals_one_host_under_gpipe_and_1f1b(three_workers, tmp_path):
     spec, _, _ = three_workers
-    spec = dict(spec, chief=[f"127.0.0.1:{_FreePorts(1)[0]}"])
+    spec = dict(spec, chief=[f"127.0.0.1:{FreePorts(1)[0]}"])
     out = str(tmp_path / "out.json")
     client = [sys.executable, os.path.join(HERE, "hosts_pipeline_client.py"), json.dumps(spec), out]
-    done = subprocess.run(client, capture_output=True, text=True, timeout=DEADLINE_S, env=_Env())
+    done = subprocess.run(client, capture_output=True, text=True, timeout=DEADLINE_S, env=Env())
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.load(open(out))
     assert sorted(results) == [
@@ -199,26 +133,29 @@ def test_pipeline_over_workers_equals_one_host_under_gpipe_and_1f1b(three_worker
         assert r["ops_misplaced"] == [], (case, r["ops_misplaced"][:5])
 
 
-STEPS = ["--max_steps=40", "--log_interval_steps=1"]
+# Enough steps for the curves to part if anything differed (the loss falls from the
+# first step); each costs the hosts runs round trips between processes.
+NUM_STEPS = 20
+STEPS = [f"--max_steps={NUM_STEPS}", "--log_interval_steps=1"]
 
 
 @pytest.fixture(scope="module")
 def one_host_losses(tmp_path_factory):
-    """{step: loss} of 40 steps of one 4-stage pipeline on this host."""
+    """{step: loss} of NUM_STEPS steps of one 4-stage pipeline on this host."""
     logdir = str(tmp_path_factory.mktemp("one_host"))
     one = subprocess.run(
-        _Command(LM, "--num_stages=4", *STEPS, f"--logdir={logdir}", "--mode=train"),
+        Command(LM, "--num_stages=4", *STEPS, f"--logdir={logdir}", "--mode=train"),
         capture_output=True,
         text=True,
         timeout=DEADLINE_S,
-        env=_Env(),
+        env=Env(),
     )
     assert one.returncode == 0, one.stderr[-3000:]
     return _Losses(one.stderr)
 
 
 def _AssertSameCurve(got, want):
-    assert sorted(got) == list(range(1, 41)) and sorted(want) == sorted(got)
+    assert sorted(got) == list(range(1, NUM_STEPS + 1)) and sorted(want) == sorted(got)
     assert [got[s] for s in sorted(got)] == pytest.approx([want[s] for s in sorted(got)], abs=1e-4)
 
 
@@ -230,8 +167,8 @@ def test_trainer_over_two_workers_trains_as_one_host_and_restores_into_it(
     two = dict(spec, worker=spec["worker"][:2])
     hosts_dir, other_dir = str(tmp_path / "hosts"), str(tmp_path / "other")
     flags = ["--num_stages=4", *STEPS, f"--logdir={hosts_dir}"]
-    code = _Chief(two, *flags, logdir=str(tmp_path), tag="hosts")
-    log = _Read(str(tmp_path), "hosts")
+    code = Chief(two, *flags, logdir=str(tmp_path), tag="hosts")
+    log = Read(str(tmp_path), "hosts")
     assert code == 0, log[-3000:]
     assert "strategy=hosts: 1 replica(s) of 4 stage(s) over 2 of the 2 worker(s)" in log
     assert f"stage 1 on worker 0 ({two['worker'][0]}) /device:CPU:1" in log
@@ -241,15 +178,15 @@ def test_trainer_over_two_workers_trains_as_one_host_and_restores_into_it(
     # The checkpoint (written by the client) restores into a one-host layout of 2 stages.
     shutil.copytree(hosts_dir, other_dir)
     evaluated = subprocess.run(
-        _Command(LM, "--num_stages=2", f"--logdir={other_dir}", "--mode=eval"),
+        Command(LM, "--num_stages=2", f"--logdir={other_dir}", "--mode=eval"),
         capture_output=True,
         text=True,
         timeout=DEADLINE_S,
-        env=_Env(),
+        env=Env(),
     )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     dev = [json.load(open(os.path.join(d, "eval_dev.json"))) for d in (hosts_dir, other_dir)]
-    assert dev[1]["step"] == dev[0]["step"] == 40
+    assert dev[1]["step"] == dev[0]["step"] == NUM_STEPS
     assert dev[1]["metrics"]["loss"] == pytest.approx(dev[0]["metrics"]["loss"], rel=1e-5)
 
 
@@ -261,8 +198,8 @@ def test_replicas_of_pipelines_across_three_workers_train_as_one_pipeline(
     # replica 1 on worker 1 and 2; the global batch split in two, gradients averaged.
     spec, _, _ = three_workers
     flags = ["--num_stages=3", *STEPS, f"--logdir={tmp_path / 'run'}"]
-    code = _Chief(spec, *flags, logdir=str(tmp_path), tag="replicas")
-    log = _Read(str(tmp_path), "replicas")
+    code = Chief(spec, *flags, logdir=str(tmp_path), tag="replicas")
+    log = Read(str(tmp_path), "replicas")
     assert code == 0, log[-3000:]
     w = spec["worker"]
     assert "strategy=hosts: 2 replica(s) of 3 stage(s) over 3 of the 3 worker(s)" in log
@@ -295,10 +232,10 @@ def test_groups_beyond_the_clients_devices_are_named_idle_with_the_fix():
 @pytest.mark.slow
 def test_a_killed_worker_stops_the_run_naming_it_and_a_restart_resumes(tmp_path):
     logdir, ckpt_dir = str(tmp_path / "run"), str(tmp_path / "run" / "checkpoints")
-    spec = _Cluster(2)
+    spec = Cluster(2)
     flags = ["--num_stages=4", "--checkpoint_interval_steps=5", "--log_interval_steps=0"]
     with Workers(spec, str(tmp_path)) as procs:
-        chief = _Chief(
+        chief = Chief(
             spec,
             *flags,
             "--max_steps=100000",
@@ -311,15 +248,15 @@ def test_a_killed_worker_stops_the_run_naming_it_and_a_restart_resumes(tmp_path)
         try:
             end = time.monotonic() + DEADLINE_S
             # ckpt-10 is saved once the state file names it (its .index comes earlier).
-            while not _CheckpointStep(ckpt_dir) >= 10:
-                assert chief.poll() is None, _Read(str(tmp_path), "chief")[-3000:]
+            while not CheckpointStep(ckpt_dir) >= 10:
+                assert chief.poll() is None, Read(str(tmp_path), "chief")[-3000:]
                 assert time.monotonic() < end, "no checkpoint appeared in time"
                 time.sleep(0.05)
             procs[1].send_signal(signal.SIGKILL)
             code = chief.wait(timeout=120)
         finally:
-            _Stop([chief])
-    last = _Read(str(tmp_path), "chief").strip().splitlines()[-1]
+            Stop([chief])
+    last = LastTrainerLine(Read(str(tmp_path), "chief"))
     assert code == 1, last
     assert re.match(
         rf"lingpipe.trainer: error: Step (\d+) failed: worker 1 \({spec['worker'][1]}\) is gone",
@@ -331,7 +268,7 @@ def test_a_killed_worker_stops_the_run_naming_it_and_a_restart_resumes(tmp_path)
     assert resumed_at >= 10 and step > resumed_at and f"latest: {latest}" in last
 
     with Workers(spec, str(tmp_path), tag="restart"):
-        code = _Chief(
+        code = Chief(
             spec,
             *flags,
             f"--max_steps={resumed_at + 5}",
@@ -340,20 +277,10 @@ def test_a_killed_worker_stops_the_run_naming_it_and_a_restart_resumes(tmp_path)
             logdir=str(tmp_path),
             tag="restart",
         )
-    log = _Read(str(tmp_path), "restart")
+    log = Read(str(tmp_path), "restart")
     assert code == 0, log[-3000:]
     assert f"Resumed from {latest} at step {resumed_at}" in log
     assert _LatestCheckpoint(ckpt_dir).endswith(f"ckpt-{resumed_at + 5}")
-
-
-def _CheckpointStep(ckpt_dir):
-    """The step of the checkpoint the state file names; 0 before there is one."""
-    try:
-        text = open(os.path.join(ckpt_dir, "checkpoint")).read()
-    except OSError:
-        return 0
-    match = re.search(r'^model_checkpoint_path: ".*ckpt-(\d+)"', text, re.M)
-    return int(match.group(1)) if match else 0
 
 
 def _LatestCheckpoint(ckpt_dir):
@@ -363,9 +290,9 @@ def _LatestCheckpoint(ckpt_dir):
 
 
 def test_a_worker_address_with_nothing_listening_exits_2_naming_it(tmp_path):
-    spec = _Cluster(2)  # Nobody started: the ports are free.
+    spec = Cluster(2)  # Nobody started: the ports are free.
     start = time.monotonic()
-    code = _Chief(
+    code = Chief(
         spec,
         "--num_stages=2",
         "--collective_timeout_s=3",
@@ -373,7 +300,7 @@ def test_a_worker_address_with_nothing_listening_exits_2_naming_it(tmp_path):
         logdir=str(tmp_path),
         tag="chief",
     )
-    last = _Read(str(tmp_path), "chief").strip().splitlines()[-1]
+    last = Read(str(tmp_path), "chief").strip().splitlines()[-1]
     assert code == 2, last
     assert time.monotonic() - start < 60
     assert last.startswith(

@@ -11,14 +11,13 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_trainer import TRAINER_PARAMS, Weights, _Command, _Env
+from trainer_runs import TRAINER_PARAMS, Command, Env, FreePorts, LastTrainerLine, Weights
 
 from lingpipe import model_registry
 
@@ -28,33 +27,22 @@ MODEL = "--model=regression.Regression"
 DEADLINE_S = 240
 
 
-def _FreePorts(n):
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 @contextlib.contextmanager
 def Workers(logdir, *flags, num_workers=2, tag="run", model=MODEL):
     """Starts the workers; yields their Popen objects; kills whatever still runs at the end."""
-    ports = _FreePorts(num_workers)
+    ports = FreePorts(num_workers)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = []
     try:
         for i in range(num_workers):
             env = dict(
-                _Env(),
+                Env(),
                 TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
             )
             log = open(os.path.join(logdir, f"{tag}_worker{i}.log"), "w")
             procs.append(
                 subprocess.Popen(
-                    _Command(
+                    Command(
                         model,
                         f"--logdir={logdir}",
                         "--strategy=multi_worker",
@@ -150,7 +138,7 @@ def test_a_killed_worker_fails_the_run_clearly_and_a_restart_resumes(tmp_path):
         code = _Wait(procs[:1], deadline_s=120)[0]
     log = _Log(logdir, 0)
     assert code == 1, log[-3000:]
-    last = log.strip().splitlines()[-1]
+    last = LastTrainerLine(log)
     assert re.match(r"lingpipe.trainer: error: Step \d+ failed: \w+", last), last
     assert "restart every worker with the same command" in last
     latest = tf.train.latest_checkpoint(ckpt_dir)

@@ -18,28 +18,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from absl import logging
-from test_trainer import TIMEOUT_S, TRAINER_PARAMS, Trainer, Weights, _Command, _Env
+from trainer_runs import TIMEOUT_S, Command, Env, RegressionTask, Trainer, Weights
 
-from lingpipe import model_registry
 from lingpipe.runners import evaler, rundir, train_loop
 
 
-def _Task(max_steps, learning_rate=None):
-    from lingpipe import params
-
-    if TRAINER_PARAMS not in params.__path__:
-        params.__path__.append(TRAINER_PARAMS)
-    p = model_registry.GetParams("regression.Regression", "Train")
-    p.train.max_steps = max_steps
-    if learning_rate is not None:
-        p.train.learning_rate = learning_rate
-    task = p.Instantiate()
-    task.CreateOptimizer()
-    return task
-
-
 def _Trainer(logdir, max_steps, evaluate=None, learning_rate=None, checkpoint_steps=2):
-    task = _Task(max_steps, learning_rate)
+    task = RegressionTask(max_steps, learning_rate)
     intervals = train_loop.Intervals(
         log_steps=0, summary_steps=1, checkpoint_steps=checkpoint_steps
     )
@@ -178,10 +163,10 @@ def test_lock_refuses_a_second_trainer_and_sigterm_saves_then_the_rerun_is_bitwi
     log = tmp_path / "first.log"
     with open(log, "w") as stderr:
         first = subprocess.Popen(
-            _Command(*flags, f"--logdir={logdir}", "--log_interval_steps=1"),
+            Command(*flags, f"--logdir={logdir}", "--log_interval_steps=1"),
             stdout=subprocess.DEVNULL,
             stderr=stderr,
-            env=_Env(),
+            env=Env(),
         )
     try:
         _WaitFor(lambda: "] step 3/300" in log.read_text(), first, "step 3")

@@ -7,40 +7,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
-
-TRAINER_PARAMS = os.path.join(os.path.dirname(__file__), "trainer_params")
-# Runs the trainer with tests/runners/trainer_params on the `params` package's path.
-LAUNCH = (
-    "import sys; from lingpipe import params; params.__path__.append(sys.argv.pop(1)); "
-    "from lingpipe import trainer; trainer.Run()"
-)
-LM = "--model=lm.TransformerLmTiny"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TIMEOUT_S = 240
-
-
-def _Command(*flags):
-    return [sys.executable, "-c", LAUNCH, TRAINER_PARAMS, *flags]
-
-
-def _Env():
-    """The environment of a child process: quiet, CPU only, and this checkout's lingpipe first
-    (a script in tests/ would otherwise import whichever lingpipe is installed, or none)."""
-    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
-    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONPATH=path)
-
-
-def Trainer(*flags, timeout=TIMEOUT_S):
-    """Runs the trainer to its end; returns the CompletedProcess (stdout, stderr as text)."""
-    return subprocess.run(
-        _Command(*flags), capture_output=True, text=True, timeout=timeout, env=_Env()
-    )
+from trainer_runs import LM, TIMEOUT_S, Command, Env, Trainer, Weights
 
 
 def Events(directory):
@@ -56,16 +28,6 @@ def Events(directory):
                 scalar = float(tf.make_ndarray(value.tensor))
                 out.setdefault(value.tag, {})[event.step] = scalar
     return out
-
-
-def Weights(checkpoint_path):
-    """{name: array} of the task's weights (not the optimizer's) in a checkpoint."""
-    reader = tf.train.load_checkpoint(checkpoint_path)
-    return {
-        name: reader.get_tensor(name)
-        for name in reader.get_variable_to_shape_map()
-        if name.startswith("task/") and "optimizer" not in name
-    }
 
 
 @pytest.fixture(scope="module")
@@ -152,18 +114,18 @@ def _LoggedSteps(stderr):
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_ends_with_the_weights_of_an_uninterrupted_run(tmp_path):
-    flags = [LM, "--max_steps=60", "--checkpoint_interval_steps=10", "--log_interval_steps=1"]
-    whole = Trainer(*flags, f"--logdir={tmp_path / 'whole'}", "--mode=train")
-    assert whole.returncode == 0, whole.stderr[-3000:]
+def test_resume_after_sigkill_ends_with_the_weights_of_an_uninterrupted_run(trained, tmp_path):
+    # The uninterrupted run is the module's 40 steps (how often it logs, writes summaries
+    # and checkpoints changes no weight).
+    flags = [LM, "--max_steps=40", "--checkpoint_interval_steps=10", "--log_interval_steps=1"]
 
     logdir = tmp_path / "killed"
     ckpt_dir = logdir / "checkpoints"
     proc = subprocess.Popen(
-        _Command(*flags, f"--logdir={logdir}", "--mode=train"),
+        Command(*flags, f"--logdir={logdir}", "--mode=train"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env=_Env(),
+        env=Env(),
     )
     try:
         deadline = time.monotonic() + TIMEOUT_S
@@ -181,7 +143,7 @@ def test_resume_after_sigkill_ends_with_the_weights_of_an_uninterrupted_run(tmp_
     # The kill may fall between a checkpoint's files and the state file naming it: the
     # rerun resumes from the newest checkpoint whose files are there, and says so.
     resumed_at = max(int(p.name[len("ckpt-") : -len(".index")]) for p in ckpt_dir.glob("*.index"))
-    assert 20 <= resumed_at < 60 and listed is not None, (resumed_at, listed)
+    assert 20 <= resumed_at < 40 and listed is not None, (resumed_at, listed)
     newest = str(ckpt_dir / f"ckpt-{resumed_at}")
 
     rerun = Trainer(*flags, f"--logdir={logdir}", "--mode=train")
@@ -190,97 +152,16 @@ def test_resume_after_sigkill_ends_with_the_weights_of_an_uninterrupted_run(tmp_
     recovered = f"the newest checkpoint {newest} is not in checkpoint (a run killed while saving)"
     assert (recovered in rerun.stderr) == (listed != newest), (listed, rerun.stderr[-3000:])
     # No step already checkpointed is trained again.
-    assert _LoggedSteps(rerun.stderr) == list(range(resumed_at + 1, 61))
-    a = Weights(str(tmp_path / "whole" / "checkpoints" / "ckpt-60"))
-    b = Weights(str(ckpt_dir / "ckpt-60"))
+    assert _LoggedSteps(rerun.stderr) == list(range(resumed_at + 1, 41))
+    a = Weights(os.path.join(trained[0], "checkpoints", "ckpt-40"))
+    b = Weights(str(ckpt_dir / "ckpt-40"))
     assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-    logdir = tmp_path / "nan"
-    run = Trainer(
-        "--model=regression.PoisonedRegression",
-        f"--logdir={logdir}",
-        "--checkpoint_interval_steps=2",
-        "--mode=train",
-    )
-    assert run.returncode == 1
-    message = run.stderr.strip().splitlines()[-1]
-    assert message.startswith("lingpipe.trainer: error: Step 6: the loss is nan")
-    assert "the first is that of regression/pipeline/cell_0/w:0" in message
-    assert f"the last good checkpoint is {logdir}/checkpoints/ckpt-4" in message
-    ckpt_dir = str(logdir / "checkpoints")
-    assert tf.train.latest_checkpoint(ckpt_dir).endswith("ckpt-4")
-    weights = Weights(tf.train.latest_checkpoint(ckpt_dir))
-    assert weights and all(np.all(np.isfinite(w)) for w in weights.values())
-
-
-def test_inspect_model_prints_the_layer_tree_and_partition_report():
-    run = Trainer(LM, "--mode=inspect_model", "--num_stages=2")
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = run.stdout
-    assert "Pipeline lm/pipeline:" in out
-    for row in ("0      /device:CPU:0", "1      /device:CPU:1"):
-        assert row in out
-    assert "GFLOPs" in out and "micro_batches=2" in out
-    assert "Total: 133,507 parameters" in out
-
-
-def test_inspect_params_prints_the_overridden_params():
-    run = Trainer(LM, "--mode=inspect_params", "--params_override=model_dims : 32; num_heads : 4")
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "model_dims : 32\n" in run.stdout and "num_heads : 4\n" in run.stdout
-
-
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--model=lm.TransformerLmTinyy"], r"Unknown model 'lm.TransformerLmTinyy'. Did you mean"),
-        (
-            ["--params_override=model_dims : __import__('os').system('touch /tmp/pwned')"],
-            r"value for 'model_dims' is not a literal",
-        ),
-        (["--logical_devices=65"], r"--logical_devices=65: .*expected an integer in \[1, 64\]"),
-        (
-            ["--strategy=tpu", "--tpu=no-such-tpu"],
-            r"--strategy=tpu --tpu=no-such-tpu: .*no TPU could be reached for "
-            r"tpu_name='no-such-tpu'",
-        ),
-        (
-            ["--strategy=multi_worker"],
-            r"reads the cluster from the TF_CONFIG environment variable, which is not set",
-        ),
-        (
-            ["--strategy=mirrored", "--num_stages=2", "--logical_devices=6"],
-            r"the global batch of 32 examples cannot be split evenly over 3 replicas; set "
-            r"input.batch_size to a multiple of 3",
-        ),
-        (["positional"], r"unexpected arguments \['positional'\]"),
-        (
-            ["--params_override=input.seq_len : 128"],
-            r"the Train input's batches \(ids: \[32, 128\].* do not fit the model: "
-            r"pipeline: F s0 mb0 on device 0 .* failed: ValueError: "
-            r"lm/pipeline/cell_0: expected sequences of at most max_len=64 tokens",
-        ),
-    ],
-)
-def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(tmp_path, flags, message):
-    logdir = tmp_path / "never"
-    args = [flags[0]] if flags[0].startswith("--model") else [LM, *flags]
-    if flags[0].startswith("--model"):
-        args += flags[1:]
-    run = Trainer(*args, f"--logdir={logdir}", "--max_steps=2", timeout=60)
-    assert run.returncode == 2, run.stderr[-3000:]
-    last = run.stderr.strip().splitlines()[-1]
-    assert last.startswith("lingpipe.trainer: error: "), run.stderr[-3000:]
-    assert re.search(message, last), last
-    assert "Traceback" not in run.stderr
-    assert not logdir.exists()
-
-
 def test_logdir_that_is_a_file(tmp_path):
+    # The binary exits with main's status: test_trainer_main.py runs main's other refusals.
     path = tmp_path / "a_file"
     path.write_text("keep me")
     run = Trainer(LM, f"--logdir={path}", timeout=60)

@@ -1,4 +1,4 @@
-"""The trainer's main, run in this process (test_trainer.py runs it in subprocesses).
+"""The trainer's main, run in this process (test_trainer.py runs the binary in subprocesses).
 
 It builds and checks everything before it writes anything: bad input ends with exit
 status 2 and one line naming the value received and what was expected, and the
@@ -6,47 +6,24 @@ logdir is left as it was. A URL logdir is written through tf.io.gfile only.
 """
 
 import os
+import re
+import socket
 
+import numpy as np
 import pytest
 import tensorflow as tf
+from trainer_runs import (
+    KEY,
+    AssertRefused,
+    Listing,
+    Main,
+    MainWithOutput,
+    Weights,
+    WithTrainerParams,
+)
 
-from lingpipe import model_registry, trainer
+from lingpipe import model_registry
 from lingpipe.runners import checkpointer
-
-KEY = "lm.TransformerLmTiny"
-
-
-def Main(capsys, *flags):
-    """Runs the trainer's main with `flags`; returns (exit status, stderr lines)."""
-    capsys.readouterr()
-    trainer.FLAGS.unparse_flags()
-    trainer.FLAGS(["trainer", f"--model={KEY}", "--logical_devices=8", "--max_steps=2", *flags])
-    try:
-        status = trainer.main(["trainer"])
-    finally:
-        trainer.FLAGS.unparse_flags()
-    return status, capsys.readouterr().err.strip().splitlines()
-
-
-def Listing(path):
-    """The files under `path` with their contents (None if `path` does not exist)."""
-    if not os.path.exists(path):
-        return None
-    out = {}
-    for directory, _, files in os.walk(path):
-        for name in files:
-            full = os.path.join(directory, name)
-            with open(full, "rb") as f:
-                out[os.path.relpath(full, path)] = f.read()
-    return out
-
-
-def _AssertRefused(status, lines, message):
-    assert status == 2, lines
-    errors = [line for line in lines if line.startswith("lingpipe.trainer: error: ")]
-    assert errors == [lines[-1]], lines
-    assert message in lines[-1], lines[-1]
-    assert not any("Traceback" in line for line in lines)
 
 
 @pytest.mark.parametrize(
@@ -74,7 +51,66 @@ def _AssertRefused(status, lines, message):
 def test_bad_input_is_refused_before_anything_is_written(capsys, tmp_path, flags, message):
     logdir = tmp_path / "run"
     status, lines = Main(capsys, f"--logdir={logdir}", *flags)
-    _AssertRefused(status, lines, message)
+    AssertRefused(status, lines, message)
+    assert not logdir.exists()
+
+
+def _ClosedPort():
+    """A local port that nothing listens on (it was free a moment ago)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# test_trainer.py's test_logdir_that_is_a_file shows the binary exits with main's status 2.
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--model=lm.TransformerLmTinyy"], r"Unknown model 'lm.TransformerLmTinyy'. Did you mean"),
+        (
+            ["--params_override=model_dims : __import__('os').system('touch /tmp/pwned')"],
+            r"value for 'model_dims' is not a literal",
+        ),
+        (["--logical_devices=65"], r"--logical_devices=65: .*expected an integer in \[1, 64\]"),
+        (
+            ["--strategy=tpu", "--tpu=no-such-tpu"],
+            r"--strategy=tpu --tpu=no-such-tpu: .*no TPU could be reached for "
+            r"tpu_name='no-such-tpu'",
+        ),
+        (
+            ["--strategy=multi_worker"],
+            r"reads the cluster from the TF_CONFIG environment variable, which is not set",
+        ),
+        (
+            ["--strategy=mirrored", "--num_stages=2", "--params_override=input.batch_size : 30"],
+            r"the global batch of 30 examples cannot be split evenly over 4 replicas; set "
+            r"input.batch_size to a multiple of 4",
+        ),
+    ],
+)
+def test_bad_flags_exit_2_with_a_clear_message_and_write_nothing(
+    capsys, tmp_path, monkeypatch, flags, message
+):
+    # No cluster or TPU named in the environment; a GCE metadata server that refuses at once.
+    for name in ("TF_CONFIG", "TPU_NAME", "TPU_CONFIG", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("GCE_METADATA_IP", raising=False)
+    monkeypatch.setenv("GCE_METADATA_HOST", f"127.0.0.1:{_ClosedPort()}")
+    monkeypatch.setenv("no_proxy", "*")
+    monkeypatch.setenv("NO_PROXY", "*")
+    logdir = tmp_path / "never"
+    status, lines = Main(capsys, f"--logdir={logdir}", *flags)
+    assert status == 2, lines
+    assert lines[-1].startswith("lingpipe.trainer: error: "), lines
+    assert re.search(message, lines[-1]), lines[-1]
+    assert not any("Traceback" in line for line in lines)
+    assert not logdir.exists()
+
+
+def test_positional_arguments_exit_2_naming_them(capsys, tmp_path):
+    logdir = tmp_path / "never"
+    status, lines = Main(capsys, f"--logdir={logdir}", argv=("trainer", "positional"))
+    AssertRefused(status, lines, "unexpected arguments ['positional']")
     assert not logdir.exists()
 
 
@@ -82,7 +118,7 @@ def test_an_unreadable_schedule_file_is_refused_naming_the_flag(capsys, tmp_path
     path = tmp_path / "binary.csv"
     path.write_bytes(bytes(range(256)))  # Python's own words were only: 'utf-8' codec ...
     status, lines = Main(capsys, f"--logdir={tmp_path / 'run'}", f"--schedule={path}")
-    _AssertRefused(
+    AssertRefused(
         status,
         lines,
         f"lingpipe.trainer: error: --schedule={path}: not UTF-8 text (byte 0x80 at offset "
@@ -103,7 +139,7 @@ def test_a_checkpoint_of_another_model_is_refused_saying_what_changed(capsys, tm
         status, lines = Main(
             capsys, f"--logdir={logdir}", f"--mode={mode}", "--params_override=model_dims : 128"
         )
-        _AssertRefused(
+        AssertRefused(
             status,
             lines,
             f"the checkpoint {ckpt_dir}/ckpt-1 was written by a different model: "
@@ -130,3 +166,43 @@ def test_a_url_logdir_trains_evaluates_and_resumes_without_touching_the_local_di
     finally:
         if tf.io.gfile.exists(logdir):
             tf.io.gfile.rmtree(logdir)
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(capsys, tmp_path):
+    WithTrainerParams()
+    logdir = tmp_path / "nan"
+    status, lines = Main(
+        capsys,
+        "--model=regression.PoisonedRegression",
+        "--max_steps=20",  # the model's own: the loss turns nan at step 6
+        f"--logdir={logdir}",
+        "--checkpoint_interval_steps=2",
+        "--mode=train",
+    )
+    assert status == 1, lines
+    message = lines[-1]
+    assert message.startswith("lingpipe.trainer: error: Step 6: the loss is nan"), message
+    assert "the first is that of regression/pipeline/cell_0/w:0" in message
+    assert f"the last good checkpoint is {logdir}/checkpoints/ckpt-4" in message
+    ckpt_dir = str(logdir / "checkpoints")
+    assert tf.train.latest_checkpoint(ckpt_dir).endswith("ckpt-4")
+    weights = Weights(tf.train.latest_checkpoint(ckpt_dir))
+    assert weights and all(np.all(np.isfinite(w)) for w in weights.values())
+
+
+def test_inspect_model_prints_the_layer_tree_and_partition_report(capsys):
+    status, out, lines = MainWithOutput(capsys, "--mode=inspect_model", "--num_stages=2")
+    assert status == 0, lines
+    assert "Pipeline lm/pipeline:" in out
+    for row in ("0      /device:CPU:0", "1      /device:CPU:1"):
+        assert row in out
+    assert "GFLOPs" in out and "micro_batches=2" in out
+    assert "Total: 133,507 parameters" in out
+
+
+def test_inspect_params_prints_the_overridden_params(capsys):
+    status, out, lines = MainWithOutput(
+        capsys, "--mode=inspect_params", "--params_override=model_dims : 32; num_heads : 4"
+    )
+    assert status == 0, lines
+    assert "model_dims : 32\n" in out and "num_heads : 4\n" in out
