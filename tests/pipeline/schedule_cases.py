@@ -4,7 +4,7 @@ v that can run (ALL), and the schedule command in a subprocess (Command)."""
 import subprocess
 import sys
 
-from lingpipe.pipeline import generators
+from lingpipe.pipeline.schedules import generators
 
 
 def _Runs(name, k, m, v):
@@ -25,8 +25,8 @@ ALL = [
 
 
 def Command(*flags):
-    """`python -m lingpipe.pipeline.schedule` with these flags, run in a new process."""
+    """`python -m lingpipe.pipeline.schedules` with these flags, run in a new process."""
     return subprocess.run(
-        [sys.executable, "-m", "lingpipe.pipeline.schedule", *flags],
+        [sys.executable, "-m", "lingpipe.pipeline.schedules", *flags],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

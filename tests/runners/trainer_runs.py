@@ -16,7 +16,7 @@ from lingpipe import model_registry, trainer
 TRAINER_PARAMS = os.path.join(os.path.dirname(__file__), "trainer_params")
 # Runs the trainer with tests/runners/trainer_params on the `params` package's path.
 LAUNCH = (
-    "import sys, params; params.__path__.append(sys.argv.pop(1)); "
+    "import sys; from lingpipe import params; params.__path__.append(sys.argv.pop(1)); "
     "from lingpipe import trainer; trainer.Run()"
 )
 KEY = "lm.TransformerLmTiny"
@@ -95,7 +95,7 @@ def AssertRefused(status, lines, message):
 def WithTrainerParams():
     """Puts tests/runners/trainer_params on the `params` package's path (as LAUNCH does
     for a trainer process), so that regression.* models resolve in this process."""
-    import params
+    from lingpipe import params
 
     if TRAINER_PARAMS not in params.__path__:
         params.__path__.append(TRAINER_PARAMS)
