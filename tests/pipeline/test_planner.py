@@ -168,11 +168,18 @@ def test_each_micro_batch_adds_its_weight_gradients_to_the_sum():
 
 
 def test_contention_slows_the_compute_where_several_devices_compute():
-    # Contention 2: every cell's time doubles, the fixed cost (0.5 s) does not.
-    #   F = 2.5, B = 4.5. dev 0: F0 [0, 2.5] F1 [2.5, 5]; dev 1: F0 [2.5, 5] B0 [5, 9.5]
-    #   F1 [9.5, 12] B1 [12, 16.5]; dev 0: B0 [9.5, 14] B1 [16.5, 21].
+    # A pipeline's devices are contended only while two of them run at once. Uncontended
+    # (F = 1.5, B = 2.5): dev 0: F0 [0, 1.5] F1 [1.5, 3] B0 [5.5, 8] B1 [9.5, 12];
+    # dev 1: F0 [1.5, 3] B0 [3, 5.5] F1 [5.5, 7] B1 [7, 9.5]. Both run in [1.5, 3],
+    # [5.5, 7] and [7, 8]: 4 s, stretched by contention 2 - 1: 12 + 4.
     rates = planner.Rates(1.0, action_s=0.5, bytes_per_s=1e30, latency_s=0.0, contention=2.0)
-    assert _Predict("1f1b", "never", rates) == pytest.approx(21.0)
+    assert _Predict("1f1b", "never", rates) == pytest.approx(16.0)
+    # GPipe with one micro-batch never runs two devices at once: no contention at all.
+    one = planner.Candidate(1, 2, 1, "gpipe", 1, "never", (1, 1))
+    free = dataclasses.replace(rates, contention=1.0)
+    assert planner.PredictSeconds(one, TWO_CELLS, rates, 4) == pytest.approx(
+        planner.PredictSeconds(one, TWO_CELLS, free, 4)
+    )
     # One device alone computes uncontended: 2 x F (2 cells + 0.5) + 2 x B (4 + 0.5).
     alone = planner.Candidate(1, 1, 2, "gpipe", 1, "never", (2,))
     assert planner.PredictSeconds(alone, TWO_CELLS, rates, 4) == pytest.approx(14.0)

@@ -25,6 +25,8 @@ An action then costs (`ActionCosts`):
 Every time but the fixed cost and the transfers is multiplied by `contention`: how much
 slower a device computes while the other devices compute too (logical devices sharing
 a host's cores; 1 where each device has its own), measured by planner.MeasureRates.
+planner.PredictSeconds passes it for replicas, which always compute together; a
+pipeline's stages are costed uncontended and their overlap stretched afterwards.
 The fixed cost of an action (`MeasureActionSeconds`) is measured on the executor itself:
 steps of a pipeline of tiny stages at two numbers of micro-batches, whose difference
 over the difference of the simulated unit-cost makespans is the cost of one action.

@@ -288,13 +288,40 @@ def OutsideSeconds(candidate: Candidate, costs: ModelCosts, rates: Rates) -> flo
     return seconds
 
 
+def _Overlap(sim: Any) -> float:
+    """Seconds of `sim` during which two or more devices run an action at once."""
+    events = []
+    for a, start in sim.start.items():
+        if sim.end[a] > start:
+            events += [(start, 1), (sim.end[a], -1)]
+    overlap, running, last = 0.0, 0, 0.0
+    for t, step in sorted(events):
+        if running >= 2:
+            overlap += t - last
+        running, last = running + step, t
+    return overlap
+
+
 def PredictSeconds(
     candidate: Candidate, costs: ModelCosts, rates: Rates, global_batch: int
 ) -> float:
     """The candidate's step time: its schedule simulated with every action's cost
-    (ActionSeconds), plus what the step adds outside the pipeline (OutsideSeconds)."""
-    per_action = ActionSeconds(candidate, costs, rates, global_batch)
-    makespan = simulate.Simulate(ScheduleOf(candidate), per_action).makespan
+    (ActionSeconds), plus what the step adds outside the pipeline (OutsideSeconds).
+
+    Contention slows a device only while another computes too. Replicas always compute
+    together, so their actions are all contended. The stages of one pipeline overlap
+    only in part: the schedule is simulated uncontended, and each second in which two
+    or more of its devices run an action at once is stretched by the contention (a
+    first-order correction: the stretch does not move later actions' dependencies)."""
+    sched = ScheduleOf(candidate)
+    c = Contention(candidate, rates)
+    if candidate.replicas > 1 or c == 1.0:
+        per_action = ActionSeconds(candidate, costs, rates, global_batch)
+        makespan = simulate.Simulate(sched, per_action).makespan
+    else:
+        alone = dataclasses.replace(rates, contention=1.0)
+        sim = simulate.Simulate(sched, ActionSeconds(candidate, costs, alone, global_batch))
+        makespan = sim.makespan + (c - 1.0) * _Overlap(sim)
     return makespan + OutsideSeconds(candidate, costs, rates)
 
 
