@@ -72,7 +72,7 @@ BASE_CLASS_PATHS = (
 
 # Modules that moved, by their previous path, so that a params file written before the
 # move still reads (for one release), e.g. a learning-rate schedule's `cls`.
-_MOVED_MODULES = {"lingpipe.schedules": "lingpipe.lr_schedules"}  # relayout: keep
+_MOVED_MODULES = {"lingpipe.schedules": "lingpipe.lr_schedules"}
 
 
 class NotLiteralError(ValueError):

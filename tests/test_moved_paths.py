@@ -1,7 +1,6 @@
 """The previous release's module paths still work, for one release, and say where they went.
 
 They run in new processes: a module's old name warns on its first import only.
-(tools/relayout.py leaves this file's old paths as they are.)
 """
 
 import json

@@ -18,7 +18,7 @@ import lingpipe
 ROOT = pathlib.Path(lingpipe.__file__).parent
 
 # Modules that only hand out another one under an old name, for one release.
-_SHIMS = {"lingpipe.schedules"}  # relayout: keep
+_SHIMS = {"lingpipe.schedules"}
 
 
 def _Name(path: pathlib.Path) -> str:
