@@ -38,6 +38,11 @@ def _registry(monkeypatch):
     monkeypatch.setattr(model_registry, "_MODELS", {})
     monkeypatch.setattr(params, "__path__", [*params.__path__, FAMILY_DIR])
     saved = _ParamsModules()
+    # Families an earlier test imported are imported afresh here, so that they register
+    # into the empty registry (a cached module would register nothing).
+    for name in saved:
+        if name.startswith(("params.", "lingpipe.params.")):
+            del sys.modules[name]
     yield
     for name in _ParamsModules():
         if name not in saved:
@@ -45,6 +50,9 @@ def _registry(monkeypatch):
             if name.startswith("lingpipe.params."):
                 params.__dict__.pop(name.split(".")[2], None)
     sys.modules.update(saved)
+    for name, module in saved.items():
+        if name.count(".") == 2 and name.startswith("lingpipe.params."):
+            setattr(params, name.split(".")[2], module)
 
 
 def _ClassIn(module: str, name: str) -> type:
