@@ -270,6 +270,8 @@ def Planner(runner: Runner, module: str) -> dict:
         flags = [f"--model={model}", f"--devices={devices}", f"--memory_per_device={size}"]
         if not runner.smoke:  # --verify trains with the trainer: seconds CI need not spend
             flags.append("--verify=2")
+        else:  # the search's code path without profiling every cell on CPU first
+            flags.append("--costs=flops")
         argv = [sys.executable, "-m", module, *flags, f"--json={path}"]
         (outcome,) = runner.Part("planner", [argv])
         plan = None
