@@ -91,7 +91,7 @@ def test_the_planner_section_runs_a_planner_that_exists(tmp_path, monkeypatch):
             """
             import argparse, json
             ap = argparse.ArgumentParser()
-            for flag in ("model", "devices", "memory_per_device", "json", "verify"):
+            for flag in ("model", "devices", "memory_per_device", "json", "verify", "costs"):
                 ap.add_argument("--" + flag)
             args = ap.parse_args()
             json.dump({"model": args.model, "predicted_ms": 1.0, "measured_ms": 1.1},
