@@ -2,42 +2,11 @@
 lingpipe.keras.Pipeline equals the plain model (fit's weights and history, evaluate,
 predict) under each of its schedules, to float32 rounding or the policy's."""
 
-import json
-import os
 import pathlib
 import re
-import subprocess
-import sys
 
 import conformance
 import pytest
-
-# A pipeline trained under mixed_bfloat16 leaves something process-wide behind that the
-# conftest guard does not see (Keras' global state and policy read back unchanged): a
-# float32 pipeline fit afterwards in the same process differs from its plain model by
-# ~1e-3 (`pytest -n 0 "tests/keras/test_conformance.py::test_feature_equals_the_plain_
-# model[mixed_bfloat16 [gpipe]]" tests/keras/test_functional_graph.py::test_shared_
-# nested_model_and_shared_layer_called_twice` fails; a plain bfloat16 fit leaks nothing).
-# Until that leak is found and fixed, these rows run in a process of their own so that
-# the tests after them on a worker are not affected.
-_OWN_PROCESS = {"mixed_bfloat16"}
-_HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _CompareInOwnProcess(name, schedule, front, inference):
-    code = (
-        "import json, sys; from lingpipe import cluster; cluster.SetLogicalCpuDevices(8); "
-        "import conformance; n, s, f, i = json.loads(sys.argv[1]); "
-        "print(json.dumps(conformance.Compare(conformance.FEATURES[n], s, f, i)))"
-    )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_HERE, os.environ.get("PYTHONPATH", "")]))
-    args = json.dumps([name, schedule, front, inference])
-    done = subprocess.run(
-        [sys.executable, "-c", code, args], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
 
 CASES = [
     pytest.param(name, schedule, "Pipeline", id=f"{name} [{schedule}]")
@@ -56,10 +25,7 @@ def test_feature_equals_the_plain_model(name, schedule, front):
     # The schedule orders training only: evaluate and predict run one forward-only order,
     # checked under gpipe (and through PipelinedSequential).
     inference = schedule == "gpipe" or front != "Pipeline"
-    if name in _OWN_PROCESS:
-        figures = _CompareInOwnProcess(name, schedule, front, inference)
-    else:
-        figures = conformance.Compare(feature, schedule, front, inference)
+    figures = conformance.Compare(feature, schedule, front, inference)
     worst = max(figures.values())
     assert worst <= feature.tolerance, f"{name} under {schedule} ({front}): {figures}"
 
