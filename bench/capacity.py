@@ -37,7 +37,7 @@ SIZES = {
     "smoke": dict(dims=128, heads=2, hidden=256, batch=16, time=128, micro=4, cap_mib=32),
     # A Transformer-big-like layer on 8 logical GPUs of 8 GiB (one H100).
     "gpu": dict(dims=1024, heads=16, hidden=4096, batch=32, time=256, micro=8, cap_mib=8192),
-    # bench/gpu.py's eight minutes on one H100: the same layer on 8 logical GPUs of 2 GiB
+    # bench/gpu.py's nine minutes on one H100: the same layer on 8 logical GPUs of 2 GiB
     # at M=4. A probe's graph grows with layers x micro-batches and takes longer to
     # build than to run: here the estimate's depths are 2 (naive) to 40 (K=8), not 240.
     "gpu_quick": dict(dims=1024, heads=16, hidden=4096, batch=32, time=256, micro=4, cap_mib=2048),

@@ -17,10 +17,14 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from bench import gpu_report  # noqa: E402
+
 RESULTS = os.path.join(HERE, "results")
 README = os.path.join(HERE, "README.md")
 BEGIN = "<!-- tables:begin (written by python bench/tables.py; do not edit) -->"
@@ -111,12 +115,16 @@ TITLES: dict[str, tuple[str, str, str]] = {
     ),
     "plan": ("The planner, predicted against measured", "", "python bench/plan.py"),
     "gpu": ("GPU evidence", "See the GPU evidence section above.", "python bench/gpu.py"),
+    "gpu_speed": ("GPU evidence", "", "python bench/gpu.py --sections=speed,precision"),
 }
 # Files with a page of their own, written by their script from the same JSON.
 ELSEWHERE = {
     "keras_conformance": "docs/keras_conformance.md (python bench/keras_conformance.py)",
     "gpu_smoke": "bench/results/gpu_smoke.md (python bench/gpu.py --smoke)",
 }
+# Runs of bench/gpu.py (gpu.json, and gpu_*.json for a run of some --sections) are
+# shown as that script's own report, written from the same JSON.
+GPU_RUN = re.compile(r"gpu(_\w+)?$")
 _META = ("machine", "date", "date_source", "source", "command", "notes", "checks")
 
 
@@ -145,6 +153,16 @@ def Section(stem: str, payload: dict[str, Any]) -> str:
         if payload.get(key):
             lines += ["", *[f"- {line}" for line in payload[key]]]
     return "\n".join(line for i, line in enumerate(lines) if line or lines[i - 1]) + "\n"
+
+
+def GpuSection(stem: str, payload: dict[str, Any]) -> str:
+    """bench/gpu.py's report of a run, its headings under this page's, and its notes."""
+    text = gpu_report.Markdown(payload)
+    text = re.sub(r"^(#+) ", lambda m: "#" * (len(m.group(1)) + 2) + " ", text, flags=re.M)
+    title, rest = text.split("\n", 1)
+    lines = [title, "", f"- Written to `bench/results/{stem}.json`."]
+    lines += [f"- {line}" for line in payload.get("notes", [])]
+    return "\n".join(lines) + "\n" + rest
 
 
 def _Machine(machine: Any) -> str:
@@ -229,7 +247,8 @@ def Tables(results: str = RESULTS) -> str:
             raise SystemExit(
                 f"{path}: expected a JSON object with 'rows'; received a {type(payload).__name__}"
             )
-        sections.append(Section(stem, payload))
+        writer = GpuSection if GPU_RUN.match(stem) and "sections" in payload else Section
+        sections.append(writer(stem, payload))
     text = "\n".join(sections)
     if elsewhere:
         text += "\n### Elsewhere\n\n" + "\n".join(elsewhere) + "\n"
