@@ -397,11 +397,20 @@ def _Finish(step: _Step) -> Result:
                 total = total * tf.cast(step.loss_scale, tf.float32)
             scale = tf.math.divide_no_nan(1.0, total)
 
+    # Every device's last action: a gradient is handed on only once the whole step has
+    # run. TensorFlow orders a variable's update after the ops that read it, not after the
+    # ops that use what they read; Keras' one IdentityN over all gradients would order
+    # each update after every gradient, but Grappler removes it. Without this, an update
+    # at times changed what a later backward of the same step used of its read (1 fit in
+    # ~20 on logical CPUs; tests/pipeline/test_step_end.py reads the order from the graph).
+    ends = [] if step.eager else [op for chain in step.chain for op in chain]
+
     def Scaled(g: Any, device: str) -> Any:
-        if g is None or scale is None:
-            return gradient_sums.Finished(g)
-        with tf.device(device):
-            return gradient_sums.Scaled(g, scale)
+        if g is None:
+            return None
+        with tf.device(device), tf.control_dependencies(ends):
+            g = gradient_sums.Finished(g) if scale is None else gradient_sums.Scaled(g, scale)
+            return tf.nest.map_structure(tf.identity, g, expand_composites=True) if ends else g
 
     weight_grads = []
     for s, sums in enumerate(step.sums):
