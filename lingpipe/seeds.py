@@ -41,11 +41,14 @@ def _Stack() -> list:
 @contextlib.contextmanager
 def StepSeedScope(*values: int | tf.Tensor) -> Iterator[None]:
     """Folds `values` (ints or int scalar tensors) into every seed made inside."""
+    depth = len(_Stack())
     _Stack().extend(values)
     try:
         yield
     finally:
-        del _Stack()[-len(values) :]
+        # The current stack (RestoreScopeValues may have swapped the list), back to its
+        # depth: stack[-len(values):] would be all of it for a scope of no values.
+        del _Stack()[depth:]
 
 
 def CurrentScopeValues() -> tuple:

@@ -45,3 +45,11 @@ def test_tensor_scope_values_and_restore_in_function():
     np.testing.assert_array_equal(a.numpy(), b.numpy())
     with seeds.StepSeedScope(5):
         np.testing.assert_array_equal(a.numpy(), seeds.StatelessSeed("x", 0).numpy())
+
+
+def test_an_empty_scope_leaves_the_enclosing_values():
+    with seeds.StepSeedScope(3):
+        with seeds.StepSeedScope():
+            assert seeds.CurrentScopeValues() == (3,)
+        assert seeds.CurrentScopeValues() == (3,)
+    assert seeds.CurrentScopeValues() == ()
