@@ -87,9 +87,9 @@ def ParseSize(text: str, flag: str = "--memory_per_device") -> int:
 
 
 def _Mib(num_bytes: float) -> str:
-    if num_bytes < 2**20 / 10:  # a cap of a few KiB would read '0.0 MiB'
-        return f"{num_bytes / 2**10:,.1f} KiB"
-    return f"{num_bytes / 2**20:,.1f} MiB"
+    from lingpipe.pipeline.planning import report  # with TensorFlow: not for --help
+
+    return report.Bytes(num_bytes)
 
 
 class RegisteredModel:
@@ -374,26 +374,20 @@ def _CommandLine(model: str, flags: dict) -> str:
 
 
 def Screen(model: RegisteredModel, result: Any, memory_per_device: int) -> str:
+    from lingpipe.pipeline.planning import report
+
     c = result.chosen
     pipelined = "no pipeline" if c.num_stages == 1 else f"{c.num_stages} stages"
-    lines = [
+    return report.PlanScreen(
         f"plan for {model.name}, global batch {model.global_batch}, cap "
         f"{_Mib(memory_per_device)} per device ({result.searched} candidates):",
-        f"  {c.Describe()}  [{pipelined}, {c.replicas} replica(s)]",
-        f"  predicted {c.step_seconds * 1e3:.1f} ms per step, peak per device "
-        + ", ".join(_Mib(b) for b in c.peak_bytes),
-        "  " + _CommandLine(model.name, c.Flags()),
-        f"costs: {result.costs_note or 'given'}",
-        "runners-up:",
-    ]
-    for r in result.runners_up:
-        lines.append(f"  {r.step_seconds * 1e3:8.1f} ms  {r.Describe()}")
-    lines.append(f"refused ({len(result.refused)}, over the cap):")
-    for r in result.refused[:5]:
-        lines.append(
-            f"  device {r.device} over by {_Mib(r.excess_bytes)}  {r.candidate.Describe()}"
-        )
-    return "\n".join(lines)
+        c,
+        f"{pipelined}, {c.replicas} replica(s)",
+        _CommandLine(model.name, c.Flags()),
+        result.runners_up,
+        result.refused,
+        notes=[f"costs: {result.costs_note or 'given'}"],
+    )
 
 
 def Json(result: Any, model: RegisteredModel, num_devices: int, memory_per_device: int) -> dict:

@@ -38,7 +38,7 @@ from typing import Any
 from lingpipe import plan as plan_lib
 from lingpipe.keras import graph as graph_lib
 from lingpipe.keras import graph_memory
-from lingpipe.pipeline.planning import partition, planner
+from lingpipe.pipeline.planning import partition, planner, report
 from lingpipe.pipeline.schedules import generators
 
 __all__ = [
@@ -57,14 +57,6 @@ __all__ = [
 RESTRICTIONS = ("num_stages", "num_micro_batches", "schedules", "remat", "optimizer", "rates")
 KNOBS = ("num_stages", "num_micro_batches", "schedule", "num_virtual_stages", "remat", "partition")
 WHERE = "lingpipe.keras.Plan"
-
-
-def _Mib(num_bytes: float) -> str:
-    """Bytes in KiB, MiB or GiB, whichever reads best."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
-        if num_bytes >= size:
-            return f"{num_bytes / size:,.1f} {unit}"
-    return f"{num_bytes / 2**10:,.1f} KiB"
 
 
 def Knobs(c: planner.Candidate) -> dict[str, Any]:
@@ -139,26 +131,18 @@ class KerasPlan:
             if c.num_stages == 1
             else (f"a pipeline of {c.num_stages} devices")
         )
-        lines = [
+        knobs = ", ".join(f"{k}={v!r}" for k, v in self.knobs.items())
+        return report.PlanScreen(
             f"plan for {self.model_name!r}, batch {self.batch_size}, {self.num_devices} "
-            f"device(s), cap {_Mib(self.memory_per_device)} per device "
+            f"device(s), cap {report.Bytes(self.memory_per_device)} per device "
             f"({self.searched} candidates; {self.note}):",
-            f"  {c.Describe()}  [{what}]",
-            f"  predicted {c.step_seconds * 1e3:.2f} ms per step, peak per device "
-            + ", ".join(_Mib(b) for b in c.peak_bytes),
-            "  lingpipe.keras.Pipeline(model, "
-            + ", ".join(f"{k}={v!r}" for k, v in self.knobs.items())
-            + ")",
-            "runners-up:",
-        ]
-        for r in self.runners_up:
-            lines.append(f"  {r.step_seconds * 1e3:8.2f} ms  {r.Describe()}")
-        lines.append(f"refused ({len(self.refused)}, over the cap):")
-        for r in self.refused[:5]:
-            lines.append(
-                f"  device {r.device} over by {_Mib(r.excess_bytes)}  {r.candidate.Describe()}"
-            )
-        return "\n".join(lines)
+            c,
+            what,
+            f"lingpipe.keras.Pipeline(model, {knobs})",
+            self.runners_up,
+            self.refused,
+            ms_digits=2,
+        )
 
     def summary(self, print_fn: Any = None) -> None:
         """Prints str(plan) (Keras' summary convention)."""
@@ -306,10 +290,10 @@ def Plan(
     result = planner.Search(ModelCosts(graph), rates, n, cap, batch_size, MemoryFn, candidates)
     if result.chosen is None:
         least = min(result.refused, key=lambda r: max(r.candidate.peak_bytes))
+        need = report.Bytes(max(least.candidate.peak_bytes))
         raise ValueError(
-            f"{WHERE}: memory_per_device={_Mib(cap)}: no plan of {model.name!r} on {n} "
-            f"device(s) fits; the smallest needs {_Mib(max(least.candidate.peak_bytes))} per "
-            f"device ({least.candidate.Describe()})"
+            f"{WHERE}: memory_per_device={report.Bytes(cap)}: no plan of {model.name!r} on {n} "
+            f"device(s) fits; the smallest needs {need} per device ({least.candidate.Describe()})"
         )
     return KerasPlan(
         knobs=Knobs(result.chosen),
@@ -381,7 +365,7 @@ def ResolveArgs(
     elif memory_per_device is not None or batch_size is not None:
         raise ValueError(
             f"{where}: memory_per_device and batch_size are for plan='auto'; this plan was "
-            f"made for {_Mib(plan.memory_per_device)} and batch {plan.batch_size}"
+            f"made for {report.Bytes(plan.memory_per_device)} and batch {plan.batch_size}"
         )
     plan.CheckModel(graph_lib.Trace(model, where), where)
     given = [k for k in knobs if k in given]

@@ -17,7 +17,8 @@ every device, as on CPU).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from lingpipe.cluster import HostOf
 from lingpipe.pipeline.observe import memory as memory_lib
@@ -25,7 +26,9 @@ from lingpipe.pipeline.observe import memory as memory_lib
 __all__ = [
     "FLOPS_UNITS",
     "MIB",
+    "Bytes",
     "PartitionReport",
+    "PlanScreen",
     "StageReport",
 ]
 
@@ -201,3 +204,42 @@ def _Shape(shape: tuple) -> str:
 
 def _Mib(num_bytes: int) -> str:
     return f"{num_bytes / MIB:.1f}"
+
+
+def Bytes(num_bytes: float) -> str:
+    """Bytes in GiB, MiB or KiB, whichever reads best ('6.9 KiB', '1,024.0 MiB')."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if num_bytes >= size:
+            return f"{num_bytes / size:,.1f} {unit}"
+    return f"{num_bytes / 2**10:,.1f} KiB"
+
+
+def PlanScreen(
+    title: str,
+    chosen: Any,
+    what: str,
+    how: str,
+    runners_up: Sequence[Any],
+    refused: Sequence[Any],
+    ms_digits: int = 1,
+    notes: Sequence[str] = (),
+) -> str:
+    """The planner's one screen, for `python -m lingpipe.plan` and lingpipe.keras.Plan:
+    the chosen plan (`what` it is, `how` to run it), its predicted step time and peak per
+    device, `notes`, the runners-up, and the first refused candidates with their excess."""
+    lines = [
+        title,
+        f"  {chosen.Describe()}  [{what}]",
+        f"  predicted {chosen.step_seconds * 1e3:.{ms_digits}f} ms per step, peak per device "
+        + ", ".join(Bytes(b) for b in chosen.peak_bytes),
+        f"  {how}",
+        *notes,
+        "runners-up:",
+    ]
+    for r in runners_up:
+        lines.append(f"  {r.step_seconds * 1e3:8.{ms_digits}f} ms  {r.Describe()}")
+    lines.append(f"refused ({len(refused)}, over the cap):")
+    for r in refused[:5]:
+        over = Bytes(r.excess_bytes)
+        lines.append(f"  device {r.device} over by {over}  {r.candidate.Describe()}")
+    return "\n".join(lines)
