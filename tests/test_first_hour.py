@@ -242,6 +242,7 @@ def test_stage_host_prints_its_devices_and_no_banner(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # .ci/run runs the default job itself; the other first-hour cases stay
 def test_default_run_prints_one_screen_besides_progress(tmp_path):
     """The README's first command, as printed (progress lines come only on a terminal)."""
     logdir = tmp_path / "lp"

@@ -10,6 +10,7 @@ from bench import capacity
 MIB = 1024 * 1024
 
 
+@pytest.mark.extended  # a benchmark's code path; bench/capacity.py ran on a GPU
 def test_capacity_smoke_table(tmp_path, capsys):
     out = tmp_path / "capacity.json"
     assert capacity.main(["--size=smoke", "--measure_max_stages=1", f"--out={out}"]) == 0

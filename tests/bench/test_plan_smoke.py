@@ -8,6 +8,7 @@ import pytest
 from bench import plan
 
 
+@pytest.mark.extended  # a benchmark's code path; tests/test_plan.py tests the planner
 def test_plan_quick_writes_predicted_and_measured(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert plan.main(["--quick", "--steps=2", f"--out={out}"]) == 0

@@ -89,7 +89,11 @@ def _CheckPlacement(pipe, model):
     # EfficientNetB0 (squeeze-and-excitation, swish, Rescaling and Normalization layers) at
     # 64x64: at 32x32 its batch norms over 1x1 maps of 4 rows are so ill-conditioned that
     # rounding alone moves a weight by 0.29 in the epoch; at 64x64 the pipeline is within 4e-5.
-    [("ResNet50", 32), ("MobileNetV2", 32), ("EfficientNetB0", 64)],
+    [
+        pytest.param("ResNet50", 32, marks=pytest.mark.extended),
+        ("MobileNetV2", 32),
+        pytest.param("EfficientNetB0", 64, marks=pytest.mark.extended),
+    ],
 )
 def test_application_predict_and_fit_equal_plain_micro_batches(name, size):
     """ResNet50 over 4 stages, the others over 2, from the plain model's initial weights."""

@@ -44,7 +44,15 @@ def _SmallParams(key):
 
 # The *Tiny configs train for hundreds of steps in their family's tests (and under
 # every schedule in test_model_schedules); one step here would repeat that.
-@pytest.mark.parametrize("key", [k for k in model_registry.ListKeys() if not k.endswith("Tiny")])
+@pytest.mark.parametrize(
+    "key",
+    [
+        # AmoebaNet's ImageNet config takes 30 s; its digits config and equivalence stay.
+        pytest.param(k, marks=pytest.mark.extended) if k == "image.AmoebaNetImageNetGPipe" else k
+        for k in model_registry.ListKeys()
+        if not k.endswith("Tiny")
+    ],
+)
 def test_registered_model_trains_one_pipelined_step(key):
     task = _SmallParams(key).Instantiate()
     assert len(set(task.pipeline.devices)) == 2

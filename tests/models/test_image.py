@@ -236,7 +236,7 @@ def k2(small):
     return PipelinedAndReference(2)
 
 
-@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.extended), 4])
 def test_micro_batches_equal_the_sequential_reference(small, request, k):
     """Batch norm couples a micro-batch's examples: the reference is the same micro-batches."""
     run = request.getfixturevalue("k2") if k == 2 else PipelinedAndReference(k)
@@ -368,6 +368,7 @@ def test_bad_operations_and_genotypes_are_rejected(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # test_micro_batches_equal_the_sequential_reference[4] stays
 def test_amoeba_net_a_pipeline_equals_its_references():
     """The real genotype: 4 stages x 4 micro-batches, and 2 stages x 1 vs unpipelined."""
     batch = Batch()
@@ -379,6 +380,7 @@ def test_amoeba_net_a_pipeline_equals_its_references():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # test_lm's tiny model learns in the default run
 def test_tiny_learns_the_digits_over_two_stages():
     start = time.time()
     p = model_registry.GetParams("image.AmoebaNetDigitsTiny", "Train")

@@ -262,6 +262,7 @@ def test_registered_models():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # test_lm's tiny model learns in the default run
 def test_tiny_learns_to_reverse():
     """TransformerEncDecTiny over 2 stages: greedy exact match on held-out data >= 0.8."""
     start = time.time()

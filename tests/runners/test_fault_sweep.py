@@ -426,7 +426,7 @@ def test_a_sigterm_before_the_steps_that_the_code_it_hit_swallows_stops_the_loop
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sigterm", [False, True])
+@pytest.mark.parametrize("sigterm", [pytest.param(False, marks=pytest.mark.extended), True])
 def test_a_stopped_worker_is_named_with_the_step_and_the_run_ends(tmp_path, sigterm):
     import signal
     import time

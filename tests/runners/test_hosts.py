@@ -160,6 +160,7 @@ def _AssertSameCurve(got, want):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # the pipeline over workers and the killed worker's resume stay
 def test_trainer_over_two_workers_trains_as_one_host_and_restores_into_it(
     three_workers, one_host_losses, tmp_path
 ):
@@ -191,6 +192,7 @@ def test_trainer_over_two_workers_trains_as_one_host_and_restores_into_it(
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # test_trainer's mirrored replicas and the pipeline over workers stay
 def test_replicas_of_pipelines_across_three_workers_train_as_one_pipeline(
     three_workers, one_host_losses, tmp_path
 ):

@@ -124,6 +124,7 @@ def test_two_workers_train_as_one_process_with_the_global_batch(tmp_path):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.extended  # test_hosts' killed worker stays in the default run
 def test_a_killed_worker_fails_the_run_clearly_and_a_restart_resumes(tmp_path):
     logdir = str(tmp_path)
     ckpt_dir = os.path.join(logdir, "checkpoints")
@@ -155,6 +156,7 @@ def test_a_killed_worker_fails_the_run_clearly_and_a_restart_resumes(tmp_path):
     assert tf.train.latest_checkpoint(ckpt_dir).endswith(f"ckpt-{resumed_at + 3}")
 
 
+@pytest.mark.extended  # test_two_workers_train_as_one_process stays
 def test_readme_transformer_lm_tiny_trains_on_two_workers(tmp_path):
     """README's multi_worker command: each replica's batch is unknown when the step is
     traced (tf.distribute), so the pipeline splits it into micro-batches at run time."""
