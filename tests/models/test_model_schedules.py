@@ -35,14 +35,8 @@ def _Losses(p, steps=STEPS):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "key",
-    # The LM's every-schedule run stays in the default run; the others are extended.
-    [
-        k if k.startswith("lm.") else pytest.param(k, marks=pytest.mark.extended)
-        for k in sorted(MODELS)
-    ],
-)
+@pytest.mark.extended  # tests/pipeline/test_executor.py runs every schedule against gpipe
+@pytest.mark.parametrize("key", sorted(MODELS))
 def test_every_schedule_trains_to_the_losses_of_gpipe(key):
     # Tracing dominates (about 12 s per schedule for AmoebaNet); each step after it
     # takes milliseconds. As few micro-batches as interleaving allows (M = K) for the

@@ -69,7 +69,9 @@ def AssertGradsClose(got, want, rtol=test_utils.RTOL):
         np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * scale, err_msg=f"gradient {i}")
 
 
-@pytest.mark.parametrize("num_stages,num_micro_batches", [(2, 4), (4, 4)])
+@pytest.mark.parametrize(
+    "num_stages,num_micro_batches", [(2, 4), pytest.param(4, 4, marks=pytest.mark.extended)]
+)
 def test_pipelined_equals_unpipelined(num_stages, num_micro_batches):
     kw = dict(label_smoothing=0.1)
     ref = MtParams(**kw).Instantiate()

@@ -92,7 +92,9 @@ def reference(tmp_path_factory):
     return initial, _Deltas(initial, one), _Deltas(initial, plain)
 
 
-@pytest.mark.parametrize("num_replicas, num_stages", [(2, 4), (4, 2)])
+@pytest.mark.parametrize(
+    "num_replicas, num_stages", [(2, 4), pytest.param(4, 2, marks=pytest.mark.extended)]
+)
 def test_replicas_of_pipelines_train_as_one_pipeline_and_the_plain_model(
     tmp_path, reference, num_replicas, num_stages
 ):
