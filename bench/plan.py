@@ -168,16 +168,7 @@ def BuildStep(pipe_p, inputs, loss_fn, c):
     pipes = []
     for r in range(c.replicas):
         devices = list(DEVICES[r * c.num_stages : (r + 1) * c.num_stages])
-        p = pipe_p.Copy().Set(
-            name=f"pipe{r}",
-            num_stages=c.num_stages,
-            num_micro_batches=c.num_micro_batches,
-            schedule=c.schedule,
-            num_virtual_stages=c.num_virtual_stages,
-            remat=c.remat,
-            partition=list(c.partition),
-            devices=devices,
-        )
+        p = pipe_p.Copy().Set(name=f"pipe{r}", devices=devices, **c.Settings())
         pipes.append(p.Instantiate())
     variables = [tf.nest.flatten(pipe.theta) for pipe in pipes]
     opts = [optimizers.Adam.Params().Instantiate() for _ in pipes]

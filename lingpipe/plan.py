@@ -150,14 +150,7 @@ class RegisteredModel:
 
         p = self.params.Copy()
         p.input.batch_size = batch
-        p.Set(
-            num_stages=c.num_stages,
-            num_micro_batches=c.num_micro_batches,
-            schedule=c.schedule,
-            num_virtual_stages=c.num_virtual_stages,
-            remat=c.remat,
-            partition=list(c.partition),
-        )
+        p.Set(**c.Settings())
         task = p.Instantiate()
         task.CreateOptimizer()
         data = next(iter(task.CreateInputGenerator().Batches(1)))

@@ -62,14 +62,7 @@ WHERE = "lingpipe.keras.Plan"
 def Knobs(c: planner.Candidate) -> dict[str, Any]:
     """lingpipe.keras.Pipeline's arguments for candidate `c` (the partition as layer calls
     per stage of its schedule)."""
-    return dict(
-        num_stages=c.num_stages,
-        num_micro_batches=c.num_micro_batches,
-        schedule=c.schedule,
-        num_virtual_stages=c.num_virtual_stages,
-        remat=c.remat,
-        partition=list(c.partition),
-    )
+    return c.Settings()
 
 
 @dataclasses.dataclass

@@ -120,6 +120,18 @@ class Candidate:
     step_seconds: float = 0.0
     peak_bytes: tuple[int, ...] = ()  # per device of one pipeline
 
+    def Settings(self) -> dict[str, Any]:
+        """The pipeline settings this plan fixes, as PipeliningLayer.Params and
+        lingpipe.keras.Pipeline take them (the partition as counts per stage)."""
+        return dict(
+            num_stages=self.num_stages,
+            num_micro_batches=self.num_micro_batches,
+            schedule=self.schedule,
+            num_virtual_stages=self.num_virtual_stages,
+            remat=self.remat,
+            partition=list(self.partition),
+        )
+
     def Flags(self) -> dict[str, Any]:
         """The trainer's flags for this plan: each pipeline setting it fixes (settings.FLAGS;
         the partition as its counts per stage), and the strategy and devices of its
