@@ -19,11 +19,12 @@ micro-batch any candidate runs (lingpipe.pipeline.planning.cell_times).
                 micro-batch fit this host's available memory, or the cap on an
                 accelerator), else FLOPs at the measured rate; --costs=profile or
                 --costs=flops forces one
-  --calibrate[=STEPS]  also builds the fastest predicted pipeline (K >= 2) of the task,
-                times STEPS (default 3) training steps and records them with the
-                timeline, fits the cost model to them (lingpipe.pipeline.planning.calibrate:
-                the devices' scale, the fixed cost per action) and plans again with
-                the fitted costs
+  --calibrate[=STEPS]  also builds the fastest predicted pipeline (K >= 2) of the task
+                and its 1F1B twin at another number of micro-batches
+                (planner.CalibrationProbes), times STEPS (default 3) training steps of
+                each and records them with the timeline, fits the cost model to them
+                (lingpipe.pipeline.planning.calibrate: the devices' scale, the fixed
+                cost per action and per step) and plans again with the fitted costs
 
   --json=FILE   {"for": {"model", "devices", "global_batch", "memory_per_device"}, "plan":
                 {flag: value}, "predicted": {"step_seconds", "peak_bytes": [per device]},
@@ -321,21 +322,24 @@ def Calibrate(
             f"--calibrate: no pipeline (K >= 2) of {model.name} on {num_devices} device(s) "
             "fits the cap, so there is none to calibrate on; plan without --calibrate"
         )
-    c = dataclasses.replace(pipelines[0], replicas=1)
     batch = model.global_batch // pipelines[0].replicas
-    step, pipeline = model.TrainStep(c, batch)
-    unprofiled = _MedianSeconds(step, steps)
     from lingpipe.pipeline.observe import timeline
 
-    with tempfile.TemporaryDirectory() as logdir:
-        spans = timeline.Record(step, logdir, pipeline, num_steps=steps)
-    compute = planner.Compute(c, result.costs, rates, batch)
-    makespan = max(unprofiled - planner.OutsideSeconds(c, result.costs, rates), 1e-9)
-    cal = calibrate.Fit(spans, pipeline.Schedule(), compute, measured_step_s=makespan)
+    probes, timed = [], []
+    for c in planner.CalibrationProbes(pipelines[0], result.costs, model.global_batch):
+        step, pipeline = model.TrainStep(c, batch)
+        unprofiled = _MedianSeconds(step, steps)
+        with tempfile.TemporaryDirectory() as logdir:
+            spans = timeline.Record(step, logdir, pipeline, num_steps=steps)
+        compute = planner.Compute(c, result.costs, rates, batch)
+        makespan = max(unprofiled - planner.OutsideSeconds(c, result.costs, rates), 1e-9)
+        probes.append(calibrate.Probe(spans, pipeline.Schedule(), compute, makespan))
+        timed.append(f"{c.Describe()} ({unprofiled * 1e3:.1f} ms)")
+    cal = calibrate.FitProbes(probes)
     costs, cal_rates = planner.Calibrated(result.costs, rates, cal)
     line = (
-        f"calibrated on {steps} step(s) of {c.Describe()}: cells x{cal.scale:.2f}, "
-        f"{cal.action_s * 1e3:.2f} ms per action (step {unprofiled * 1e3:.1f} ms)"
+        f"calibrated on {steps} step(s) each of {'; '.join(timed)}: cells x{cal.scale:.2f}, "
+        f"{cal.action_s * 1e3:.2f} ms per action, {cal.step_s * 1e3:.2f} ms per step"
     )
     return costs, cal_rates, cal, line
 

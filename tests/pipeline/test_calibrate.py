@@ -84,3 +84,31 @@ def test_a_fit_that_would_need_a_negative_overhead_has_none():
     flat = [(0, 1e-3, 5e-3), (0, 1e-3, 6e-3), (1, 1e-3, 4e-3)]
     scales, overhead = calibrate.FitBusy(flat, 2)
     assert overhead >= 0 and all(v > 0 for v in scales)
+
+
+def test_two_probes_separate_the_cost_per_action_from_the_cost_per_step():
+    # Two configurations with different numbers of actions and micro-batch sizes: each
+    # action busy scale * compute + overhead, `gap` more per action between ops, and a
+    # fixed `step` per step outside every action. One probe cannot tell gap from step;
+    # two recover both.
+    probes, truth = [], dict(scales=(1.3, 0.9), overhead=1e-4, gap=2e-4, step=5e-3)
+    for m, size in ((2, 4.0), (8, 1.0)):
+        sched = generators.Make("1f1b", 2, m)
+        compute = {
+            a: size * (1 + a.stage) * {"F": 1e-3, "B": 2e-3}[a.kind]
+            for acts in sched.device_actions
+            for a in acts
+        }
+        spans, makespan = _Synthetic(
+            sched, compute, truth["scales"], truth["overhead"], truth["gap"]
+        )
+        probes.append(calibrate.Probe(spans, sched, compute, makespan + truth["step"]))
+    cal = calibrate.FitProbes(probes)
+    assert cal.scales == pytest.approx(truth["scales"], rel=1e-6)
+    assert cal.overhead_s == pytest.approx(truth["overhead"], rel=1e-6)
+    assert cal.step_overhead_s == pytest.approx(truth["gap"], rel=1e-4)
+    assert cal.step_s == pytest.approx(truth["step"], rel=1e-4)
+    assert cal.num_probes == 2
+    # The first probe alone: its whole excess is charged per action, none per step.
+    one = calibrate.FitProbes(probes[:1])
+    assert one.step_s == 0.0 and one.step_overhead_s > truth["gap"]

@@ -170,10 +170,12 @@ def test_each_micro_batch_adds_its_weight_gradients_to_the_sum():
 def test_contention_slows_the_compute_where_several_devices_compute():
     # A pipeline's devices are contended only while two of them run at once. Uncontended
     # (F = 1.5, B = 2.5): dev 0: F0 [0, 1.5] F1 [1.5, 3] B0 [5.5, 8] B1 [9.5, 12];
-    # dev 1: F0 [1.5, 3] B0 [3, 5.5] F1 [5.5, 7] B1 [7, 9.5]. Both run in [1.5, 3],
-    # [5.5, 7] and [7, 8]: 4 s, stretched by contention 2 - 1: 12 + 4.
+    # dev 1: F0 [1.5, 3] B0 [3, 5.5] F1 [5.5, 7] B1 [7, 9.5]. Both run in [1.5, 3]
+    # (two F: contended 2 x 1 + 0.5 against 1.5), [5.5, 7] and [7, 8] (a B among them:
+    # 2 x 2 + 0.5 against 2.5), each second stretched by the largest ratio less 1:
+    # 12 + 1.5 x (2.5 / 1.5 - 1) + 2.5 x (4.5 / 2.5 - 1).
     rates = planner.Rates(1.0, action_s=0.5, bytes_per_s=1e30, latency_s=0.0, contention=2.0)
-    assert _Predict("1f1b", "never", rates) == pytest.approx(16.0)
+    assert _Predict("1f1b", "never", rates) == pytest.approx(15.0)
     # GPipe with one micro-batch never runs two devices at once: no contention at all.
     one = planner.Candidate(1, 2, 1, "gpipe", 1, "never", (1, 1))
     free = dataclasses.replace(rates, contention=1.0)
@@ -190,10 +192,16 @@ def test_contention_slows_the_compute_where_several_devices_compute():
 
 
 def test_the_calibrated_costs_scale_the_cells_and_replace_the_fixed_cost():
-    cal = calibrate.Calibration((1.5, 2.5), 0.1, 0.2, 1.0, 10)
+    cal = calibrate.Calibration((1.5, 2.5), 0.1, 0.2, 1.0, 10, step_s=0.7)
     rates = planner.Rates(2.0, action_s=0.0, bytes_per_s=1e30, latency_s=0.0)
     costs, cal_rates = planner.Calibrated(TWO_CELLS, rates, cal)
     assert costs.times.forward == ((2.0, 0.0),) * 2 and cal_rates.action_s == pytest.approx(0.3)
+    # The fixed cost per step is added once to every candidate's step.
+    one = planner.Candidate(1, 2, 2, "1f1b", 1, "never", (1, 1))
+    without = dataclasses.replace(cal_rates, step_s=0.0)
+    assert planner.PredictSeconds(one, costs, cal_rates, 4) == pytest.approx(
+        planner.PredictSeconds(one, costs, without, 4) + 0.7
+    )
     flops = dataclasses.replace(TWO_CELLS, times=None)
     flops_costs, flops_rates = planner.Calibrated(flops, rates, cal)
     assert flops_costs.times is None and flops_rates.flops_per_s == pytest.approx(1.0)
@@ -202,3 +210,46 @@ def test_the_calibrated_costs_scale_the_cells_and_replace_the_fixed_cost():
     compute = planner.Compute(c, costs, cal_rates, 4)
     assert len(compute) == 8
     assert {round(v, 6) for v in compute.values()} == {2.0, 4.0}
+
+
+def test_calibration_probes_are_the_candidate_and_its_1f1b_twin_at_a_far_micro_batch_count():
+    zbv = planner.Candidate(2, 2, 4, "zbv", 1, "never", (2, 2, 2, 2), "flops")
+    probes = planner.CalibrationProbes(zbv, COSTS, 32)
+    assert [p.Describe() for p in probes] == [
+        "R=1 x K=2, M=4, zbv, remat=never, partition=flops [2, 2, 2, 2]",
+        # 16 micro-batches is as far from 4 as 1 is, and has more actions; one stage per
+        # device, cut again by the same policy.
+        "R=1 x K=2, M=16, 1f1b, remat=never, partition=flops [4, 4]",
+    ]
+    # A replica's batch of 8 allows M=1 at most 8: the farthest from 8 is 1.
+    big = dataclasses.replace(zbv, num_micro_batches=8, replicas=4)
+    assert [p.num_micro_batches for p in planner.CalibrationProbes(big, COSTS, 32)] == [8, 1]
+    # One device: nothing to pair.
+    alone = planner.Candidate(1, 1, 2, "gpipe", 1, "never", (8,))
+    assert len(planner.CalibrationProbes(alone, COSTS, 32)) == 1
+
+
+def test_a_backward_alone_on_its_device_takes_its_profiled_time_and_contended_i_plus_w():
+    # Both gradients in one action take 1.5 s per cell on a device alone (a CPU's
+    # threads run them at once), 2 s (I + W) while another device computes.
+    fast_b = dataclasses.replace(ONE_SECOND, backward=((1.5, 0.0),) * 2)
+    costs = dataclasses.replace(TWO_CELLS, times=fast_b)
+    rates = planner.Rates(1.0, action_s=0.0, bytes_per_s=1e30, latency_s=0.0)
+    # GPipe, K=2, M=1 never runs two devices at once: F 1 + 1, B 1.5 + 1.5.
+    chain = planner.Candidate(1, 2, 1, "gpipe", 1, "never", (1, 1))
+    assert planner.PredictSeconds(chain, costs, rates, 2) == pytest.approx(5.0)
+    assert planner.PredictSeconds(chain, TWO_CELLS, rates, 2) == pytest.approx(6.0)
+    # What calibration compares with the busy times: each B as it ran, alone.
+    assert sorted(planner.Compute(chain, costs, rates, 2).values()) == [1.0, 1.0, 1.5, 1.5]
+    # 1F1B at M=2: device 1's B0 [2, 3.5] runs beside device 0's F1 [1, 2] not at all,
+    # and its B1 [4.5, 6] beside device 0's B0 [3.5, 5] for 0.5 of its 1.5 s.
+    both = planner.Candidate(1, 2, 2, "1f1b", 1, "never", (1, 1))
+    compute = planner.Compute(both, costs, rates, 4)
+    b1 = next(a for a in compute if (a.kind, a.stage, a.micro_batch) == ("B", 1, 1))
+    assert compute[b1] == pytest.approx(1.5 + 0.5 / 1.5 * (2.0 - 1.5))
+    # Two replicas always compute together: B = I + W = 4 s on each device.
+    pair = planner.Candidate(2, 1, 1, "gpipe", 1, "never", (2,))
+    assert planner.PredictSeconds(pair, costs, rates, 2) == pytest.approx(2.0 + 4.0, rel=1e-6)
+    # A profile's B is never taken above I + W.
+    slow_b = dataclasses.replace(ONE_SECOND, backward=((3.0, 0.0),) * 2)
+    assert slow_b.BackwardAlone([0, 1], 1) == pytest.approx(4.0)

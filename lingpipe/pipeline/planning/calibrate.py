@@ -1,21 +1,32 @@
-"""Calibrating the cost model against a measured timeline.
+"""Calibrating the cost model against measured timelines.
 
     spans = timeline.Record(step_fn, logdir, pipeline, num_steps=3)
     cal = calibrate.Fit(spans, sched, compute)       # compute: {Action: predicted s}
-    times, action_s = cal.Apply(times), cal.action_s
+    cal = calibrate.FitProbes([calibrate.Probe(spans, sched, compute, step_s), ...])
+    costs, rates = planner.Calibrated(costs, rates, cal)
 
-The measured busy time of each action (timeline.Span.busy_us: its ops running, not the
-waits inside its span) is fitted by least squares over every recorded action as
+A probe is one pipeline configuration, recorded: the timeline's spans of its actions,
+its schedule, the cost model's compute of each action (its cells' times, no fixed
+cost) and its measured makespan. The measured busy time of each action
+(timeline.Span.busy_us: its ops running, not the waits inside its span) is fitted by
+least squares over every recorded action of every probe as
 
     busy(a) = scale[device of a] * compute(a) + overhead
 
-where compute(a) is the cost model's time for the action's cells (no fixed cost): a
-scale per device (how much slower or faster the device runs the cells than profiled)
-and one fixed cost per action. The gaps between an action's ops and between actions
-(the executor's scheduling) are not busy time; `step_overhead_s` is what the
-simulation with the fitted costs still lacks per action against the measured step
-(first action's start to last action's end), found by bisection, so that
-`action_s = overhead + step_overhead_s` reproduces the measured makespan.
+a scale per device (how much slower or faster the device runs the cells than profiled)
+and one fixed cost per action. Probes whose micro-batches differ in size give actions of
+different compute, which is what separates the scale from the fixed cost.
+
+The gaps between an action's ops and between actions (the executor's scheduling) are
+not busy time. With the fitted costs, each probe's schedule is simulated, and what it
+still lacks against the measured makespan is fitted as
+
+    measured(p) = simulated(p, per action: overhead + step_overhead) + step_s
+
+one further time per action (`step_overhead_s`) and one per step (`step_s`), both >= 0,
+by least squares over the probes. Probes with different numbers of actions separate
+the two; one probe alone gives step_s = 0 and the per-action time that reproduces its
+makespan.
 """
 
 from __future__ import annotations
@@ -32,6 +43,8 @@ __all__ = [
     "Calibration",
     "Fit",
     "FitBusy",
+    "FitProbes",
+    "Probe",
 ]
 
 
@@ -42,9 +55,11 @@ class Calibration:
     Attributes:
       scales: per device, measured compute / predicted compute.
       overhead_s: the fitted busy time of an action beyond its compute.
-      step_overhead_s: the further time per action that the measured step shows.
-      measured_step_s: the recorded steps' mean makespan.
+      step_overhead_s: the further time per action that the measured steps show.
+      measured_step_s: the (first) probe's measured makespan.
       num_actions: how many recorded actions the fit used.
+      step_s: the fixed time per step that the measured steps show.
+      num_probes: how many configurations were recorded.
     """
 
     scales: tuple[float, ...]
@@ -52,6 +67,8 @@ class Calibration:
     step_overhead_s: float
     measured_step_s: float
     num_actions: int
+    step_s: float = 0.0
+    num_probes: int = 1
 
     @property
     def scale(self) -> float:
@@ -89,13 +106,51 @@ def FitBusy(
     return tuple(scales), overhead
 
 
-def _Makespan(sched: Schedule, compute: Mapping[Action, float], scales, per_action: float):
-    costs: dict = {k: {} for k in "FBIW"}
-    for a, seconds in compute.items():
-        costs[a.kind][(a.stage, a.micro_batch)] = (
-            scales[sched.DeviceOf(a.stage)] * seconds + per_action
-        )
-    return simulate.Simulate(sched, costs).makespan
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """One recorded configuration (module doc).
+
+    Attributes:
+      spans: timeline.Spans of one or more recorded steps of `sched`.
+      sched: the schedule it ran.
+      compute: {action of `sched`: the cost model's seconds of its cells}.
+      measured_step_s: its makespan timed without the profiler (which slows a recorded
+        step); None takes the recorded steps' mean makespan.
+    """
+
+    spans: Sequence
+    sched: Schedule
+    compute: Mapping[Action, float]
+    measured_step_s: float | None = None
+
+    def Check(self) -> None:
+        """Raises ValueError for no spans, or spans of actions `compute` does not list."""
+        missing = sorted({str(s.action) for s in self.spans if s.action not in self.compute})
+        if not self.spans or missing:
+            received = f"spans of {', '.join(missing[:5])} that it does not run"
+            raise ValueError(
+                f"calibrate: expected spans of the actions of schedule {self.sched.name!r}, "
+                f"received {received if self.spans else 'none'}"
+            )
+
+    def Measured(self) -> float:
+        if self.measured_step_s:
+            return self.measured_step_s
+        windows = []
+        for i in sorted({s.step for s in self.spans}):
+            mine = [s for s in self.spans if s.step == i]
+            windows.append(max(s.end_us for s in mine) - min(s.start_us for s in mine))
+        return sum(windows) / len(windows) / 1e6
+
+    def Makespan(self, scales: Sequence[float], per_action: float) -> float:
+        """The schedule simulated with each action's compute times its device's scale,
+        plus `per_action`."""
+        costs: dict = {k: {} for k in "FBIW"}
+        for a, seconds in self.compute.items():
+            costs[a.kind][(a.stage, a.micro_batch)] = (
+                scales[self.sched.DeviceOf(a.stage)] * seconds + per_action
+            )
+        return simulate.Simulate(self.sched, costs).makespan
 
 
 def Fit(
@@ -104,35 +159,57 @@ def Fit(
     compute: Mapping[Action, float],
     measured_step_s: float | None = None,
 ) -> Calibration:
-    """The calibration of `compute` ({action of `sched`: predicted seconds of its cells})
-    against `spans` (timeline.Spans of one or more recorded steps of `sched`).
-    `measured_step_s`: the pipeline's makespan timed without the profiler (which slows
-    a recorded step); None takes the recorded steps' mean makespan.
+    """The calibration from one probe (FitProbes): step_s is 0.
 
     Raises:
       ValueError: spans of actions that `compute` does not list, or no spans.
     """
-    missing = sorted({str(s.action) for s in spans if s.action not in compute})
-    if not spans or missing:
-        raise ValueError(
-            f"calibrate: expected spans of the actions of schedule {sched.name!r}, received "
-            + (f"spans of {', '.join(missing[:5])} that it does not run" if spans else "none")
+    return FitProbes([Probe(spans, sched, compute, measured_step_s)])
+
+
+def _StepFit(probes: Sequence[Probe], scales, overhead: float) -> tuple[float, float]:
+    """(step_overhead, step_s) >= 0 by least squares over the probes (module doc)."""
+    measured = [p.Measured() for p in probes]
+
+    def StepS(gap: float) -> float:
+        residuals = [m - p.Makespan(scales, overhead + gap) for p, m in zip(probes, measured)]
+        return max(0.0, sum(residuals) / len(residuals)) if len(probes) > 1 else 0.0
+
+    def Loss(gap: float) -> float:
+        step = StepS(gap)
+        return sum(
+            (m - p.Makespan(scales, overhead + gap) - step) ** 2 for p, m in zip(probes, measured)
         )
-    rows = [(s.device, compute[s.action], s.busy_us / 1e6) for s in spans]
-    scales, overhead = FitBusy(rows, sched.num_devices)
-    steps = sorted({s.step for s in spans})
-    windows = [
-        max(s.end_us for s in spans if s.step == i) - min(s.start_us for s in spans if s.step == i)
-        for i in steps
-    ]
-    measured = measured_step_s or sum(windows) / len(windows) / 1e6
-    lo, hi = 0.0, measured
-    if _Makespan(sched, compute, scales, overhead) >= measured:
-        hi = 0.0
-    for _ in range(60):  # the makespan grows with the per-action time
-        mid = (lo + hi) / 2
-        if _Makespan(sched, compute, scales, overhead + mid) < measured:
-            lo = mid
+
+    # The makespans grow with the per-action time; no probe's can exceed its measure.
+    hi = max(measured)
+    grid = [hi * (i / 64) ** 2 for i in range(65)]
+    best = min(range(len(grid)), key=lambda i: Loss(grid[i]))
+    lo, hi = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
+    for _ in range(60):  # golden-section search in the best grid cell's neighbourhood
+        a, b = lo + 0.382 * (hi - lo), lo + 0.618 * (hi - lo)
+        if Loss(a) <= Loss(b):
+            hi = b
         else:
-            hi = mid
-    return Calibration(scales, overhead, (lo + hi) / 2, measured, len(spans))
+            lo = a
+    gap = (lo + hi) / 2
+    return gap, StepS(gap)
+
+
+def FitProbes(probes: Sequence[Probe]) -> Calibration:
+    """The calibration of the cost model against the recorded `probes` (module doc);
+    they run on the same devices.
+
+    Raises:
+      ValueError: a probe without spans, or with spans of actions that its compute does
+        not list.
+    """
+    for p in probes:
+        p.Check()
+    num_devices = max(p.sched.num_devices for p in probes)
+    rows = [(s.device, p.compute[s.action], s.busy_us / 1e6) for p in probes for s in p.spans]
+    scales, overhead = FitBusy(rows, num_devices)
+    gap, step = _StepFit(probes, scales, overhead)
+    return Calibration(
+        scales, overhead, gap, probes[0].Measured(), len(rows), step_s=step, num_probes=len(probes)
+    )

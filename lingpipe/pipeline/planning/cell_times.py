@@ -4,14 +4,18 @@
 
 Each cell is built once, on the default device, outside any pipeline, run on its own,
 fed the previous cell's outputs, and let go before the next is built (one cell's
-weights in memory at a time). Per micro-batch size n of `sizes` and per cell, four
-tf.functions, each traced once: the forward (F); the forward and the gradient of its
-floating-point inputs; the forward and the gradient of its weights, made dense as the
-executor's sum makes an embedding's (lingpipe.pipeline.step.gradient_sums); an empty call
-with the same inputs. I is the second less F, W the third less F, F itself less the
-empty call (a call's own cost is the action's, cost_model.MeasureActionSeconds). Each
-time is the median of `repeats` (as a step's time is measured), after a warm-up; per
-kind and cell a line `fixed + per_example * n` through the sizes (cost_model.FitLine).
+weights in memory at a time). Per micro-batch size n of `sizes`, per cell and per kind
+(the forward, F; the forward and the gradient of its floating-point inputs; the forward
+and the gradient of its weights, made dense as the executor's sum makes an embedding's,
+lingpipe.pipeline.step.gradient_sums; the forward and both gradients), two tf.functions, each traced once: one runs the
+kind once, the other `copies` times in a row, each copy waiting for the last one's
+results, and each returns one float. Their difference over copies - 1 is the kind as it
+runs inside a step, without a call's own cost and the copying of its arguments and
+results (those are the action's, cost_model.MeasureActionSeconds). I is the second kind
+less F, W the third less F, B (both in one action, CellTimes.backward) the fourth less
+F. Each time is the median of `repeats` (as a step's time is
+measured), after a warm-up; per kind and cell a line `fixed + per_example * n` through
+the sizes (cost_model.FitLine).
 """
 
 from __future__ import annotations
@@ -73,34 +77,62 @@ def _AsSpec(x: Any, key: str = "") -> Any:
     return tf.TensorSpec(base_layer.ToShape(x), dtype)
 
 
-def _CellSeconds(cell: Any, args: tuple, repeats: int) -> tuple[tuple[float, float, float], Any]:
-    """((F, I, W) seconds of `cell` on `args`, its outputs)."""
-    floats = [t for t in tf.nest.flatten(args) if t.dtype.is_floating]
+def _Scalar(tensors: Sequence[Any]) -> Any:
+    """One float from the first element of each tensor: what a timed function returns, so
+    that no output is copied to the host."""
+    firsts = [tf.cast(tf.reshape(t, [-1])[:1], tf.float32) for t in tensors]
+    return tf.add_n([tf.reduce_sum(f) for f in firsts]) if firsts else tf.constant(0.0)
+
+
+def _CellSeconds(
+    cell: Any, args: tuple, repeats: int, copies: int = 4
+) -> tuple[tuple[float, float, float, float], Any]:
+    """((F, I, W, B) seconds of `cell` on `args`, its outputs).
+
+    Each kind is timed as it runs inside a step: one function runs it once, another
+    `copies` times in a row (each copy waits for the last one's results), and the
+    difference over copies - 1 is one run without the call, its arguments and its
+    results (those are the action's, cost_model.MeasureActionSeconds)."""
     weights = list(cell.trainable_variables)
     out = cell.FProp(cell.theta, *args)
-    dys = [tf.ones_like(o) for o in tf.nest.flatten(out) if o.dtype.is_floating]
 
-    def Grad(sources: list) -> Callable[[], Any]:
-        @tf.function(autograph=False)
-        def Fn(*inputs: Any) -> Any:
-            flat = [t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
-            with tf.GradientTape() as tape:
-                tape.watch(flat)
-                y = cell.FProp(cell.theta, *inputs)
-            ys = [o for o in tf.nest.flatten(y) if o.dtype.is_floating]
-            picked = flat if sources is floats else weights
-            grads = tape.gradient(ys, picked, output_gradients=dys) if ys and picked else []
-            return Dense([g for g in grads if g is not None]) or [tf.constant(0.0)]
+    def Once(kind: str, inputs: tuple) -> list:
+        flat = [t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
+        with tf.GradientTape() as tape:
+            tape.watch(flat)
+            y = cell.FProp(cell.theta, *inputs)
+        ys = [o for o in tf.nest.flatten(y) if o.dtype.is_floating]
+        if kind == "F" or not ys:
+            return tf.nest.flatten(y)
+        picked = {"I": flat, "W": weights, "B": flat + weights}[kind]
+        dys = [tf.ones_like(o) for o in ys]
+        grads = tape.gradient(ys, picked, output_gradients=dys) if picked else []
+        return Dense([g for g in grads if g is not None]) or tf.nest.flatten(y)
 
-        return lambda: Fn(*args)
+    def Timed(kind: str) -> float:
+        def Run(n: int) -> Callable[[], Any]:
+            @tf.function(autograph=False)
+            def Fn(*inputs: Any) -> Any:
+                results: list = []
+                kept: list = []
+                for _ in range(n):
+                    with tf.control_dependencies(results):
+                        xs = tf.nest.map_structure(tf.identity, inputs)
+                    results = Once(kind, xs)
+                    kept.extend(results)
+                return _Scalar(kept)
 
-    forward = tf.function(lambda *xs: cell.FProp(cell.theta, *xs), autograph=False)
-    empty = tf.function(lambda *xs: tf.nest.flatten(xs)[0], autograph=False)
-    t_empty = _Median(lambda: empty(*args), repeats)
-    t_f = _Median(lambda: forward(*args), repeats)
-    t_i = _Median(Grad(floats), repeats) if floats else t_f
-    t_w = _Median(Grad(weights), repeats) if weights else t_f
-    return (max(0.0, t_f - t_empty), max(0.0, t_i - t_f), max(0.0, t_w - t_f)), out
+            return lambda: Fn(*args)
+
+        many, one = _Median(Run(copies), repeats), _Median(Run(1), repeats)
+        return max(0.0, (many - one) / (copies - 1))
+
+    has_floats = any(t.dtype.is_floating for t in tf.nest.flatten(args))
+    t_f = Timed("F")
+    t_i = Timed("I") if has_floats else t_f
+    t_w = Timed("W") if weights else t_f
+    t_b = Timed("B") if has_floats and weights else t_f + (t_i - t_f) + (t_w - t_f)
+    return (t_f, max(0.0, t_i - t_f), max(0.0, t_w - t_f), max(0.0, t_b - t_f)), out
 
 
 def Profile(
@@ -118,7 +150,7 @@ def Profile(
         n: tuple(costs._SampleInput(s) for s in Resized(input_specs, n, batch_dim))  # noqa: SLF001
         for n in sizes
     }
-    lines: list[list] = [[], [], []]  # per kind (F, I, W), one line per cell
+    lines: list[list] = [[], [], [], []]  # per kind (F, I, W, B), one line per cell
     for i, p in enumerate(cell_params):
         p = base_layer.BaseLayer.CopyBaseParams(parent_p, p.Copy())
         p.name = p.name or f"profile_cell_{i}"
@@ -128,7 +160,10 @@ def Profile(
             seconds, out = _CellSeconds(cell, args[n], repeats)
             measured.append(seconds)
             args[n] = costs.AsArgs(out)
-        for kind in range(3):
+        for kind in range(4):
             lines[kind].append(cost_model.FitLine(sizes, [m[kind] for m in measured]))
         del cell
-    return cost_model.CellTimes(*(tuple(x) for x in lines), source="profile")
+    forward, backward_input, backward_weight, backward = (tuple(x) for x in lines)
+    return cost_model.CellTimes(
+        forward, backward_input, backward_weight, source="profile", backward=backward
+    )

@@ -21,7 +21,8 @@ An action then costs (`ActionCosts`):
   W s m: the weights' gradient + its addition to the stage's running sum of them (the
     executor adds every micro-batch's, lingpipe.pipeline.step.gradient_sums: the stage's
     weight bytes at a measured rate per byte) + one action;
-  B s m: I and W in one action (one fixed cost).
+  B s m: I and W in one action (one fixed cost); on a device that no other contends
+    with, as long as both gradients take together (CellTimes.BackwardAlone).
 Every time but the fixed cost and the transfers is multiplied by `contention`: how much
 slower a device computes while the other devices compute too (logical devices sharing
 a host's cores; 1 where each device has its own), measured by planner.MeasureRates.
@@ -78,12 +79,16 @@ class CellTimes:
     Attributes:
       forward, backward_input, backward_weight: one (fixed, per_example) per cell.
       source: 'profile' (measured) or 'flops' (FLOPs at a rate).
+      backward: one line per cell for both gradients in one action on a device that
+        no other device contends with, where that is faster than the two apart (a
+        CPU's threads run the two gradients' independent ops at once); empty: I + W.
     """
 
     forward: tuple[Line, ...]
     backward_input: tuple[Line, ...]
     backward_weight: tuple[Line, ...]
     source: str = "profile"
+    backward: tuple[Line, ...] = ()
 
     def Seconds(self, kind: str, cells: Sequence[int], n: float) -> float:
         """Seconds of `kind` (F, I, W, or B = I + W) over `cells` for n examples."""
@@ -96,6 +101,14 @@ class CellTimes:
         }[kind]
         return sum(lines[c][0] + lines[c][1] * n for c in cells)
 
+    def BackwardAlone(self, cells: Sequence[int], n: float) -> float:
+        """Seconds of both gradients in one action on an uncontended device: the
+        `backward` lines, at most I + W."""
+        apart = self.Seconds(BACKWARD, cells, n)
+        if not self.backward:
+            return apart
+        return min(apart, sum(self.backward[c][0] + self.backward[c][1] * n for c in cells))
+
     def Scaled(self, factor: float) -> CellTimes:
         """Every time times `factor` (a calibration's device scale)."""
 
@@ -107,6 +120,7 @@ class CellTimes:
             Scale(self.backward_input),
             Scale(self.backward_weight),
             self.source,
+            Scale(self.backward),
         )
 
 
@@ -144,6 +158,7 @@ def ActionCosts(
     transfer: Callable[[int], float] | None = None,
     sum_s: Sequence[float] | None = None,
     contention: float = 1.0,
+    contended: bool = True,
 ) -> dict[str, dict[tuple[int, int], float]]:
     """Per kind, {(stage, micro-batch): seconds} of every action of `sched` (module doc).
 
@@ -157,6 +172,8 @@ def ActionCosts(
       sum_s: per stage, seconds to add one micro-batch's weight gradients to the
         stage's sum (paid by each W, or B); None: free.
       contention: the factor on every time but `action_s` and the transfers.
+      contended: whether another device computes beside each action; if not, a B
+        action's gradients take times.BackwardAlone.
     """
     bounds = partition.Boundaries(list(counts))
     if len(bounds) != sched.num_stages:
@@ -169,7 +186,9 @@ def ActionCosts(
     for s, (lo, hi) in enumerate(bounds):
         cells = range(lo, hi)
         f, i, w = (contention * times.Seconds(k, cells, micro_batch) for k in "FIW")
-        w += contention * (sum_s[s] if sum_s is not None else 0.0)
+        both = i + w if contended else contention * times.BackwardAlone(cells, micro_batch)
+        summed = contention * (sum_s[s] if sum_s is not None else 0.0)
+        w += summed
         move_in = move_back = 0.0
         if transfer is not None and s > 0 and sched.DeviceOf(s - 1) != sched.DeviceOf(s):
             move_in = transfer(lo - 1)
@@ -181,7 +200,7 @@ def ActionCosts(
             out[FORWARD][(s, m)] = f + action_s + move_in
             out[BACKWARD_INPUT][(s, m)] = i + replay + action_s + move_back
             out[BACKWARD_WEIGHT][(s, m)] = w + action_s
-            out[BACKWARD][(s, m)] = i + w + replay + action_s + move_back
+            out[BACKWARD][(s, m)] = both + summed + replay + action_s + move_back
     return out
 
 

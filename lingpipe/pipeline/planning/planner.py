@@ -20,7 +20,8 @@ compute at once, their compute is slower by the measured `contention` (logical d
 sharing a host's cores). The step adds the sums' final scaling and the optimizer's
 apply (each device its weights' bytes at measured rates) and, with R > 1 replicas, a
 ring all-reduce of each device's weight gradients. lingpipe.pipeline.planning.calibrate fits
-the device scale and the fixed cost per action to a measured timeline (`Calibrated`).
+the device scale and the fixed costs per action and per step to measured timelines
+(`Calibrated`).
 Memory per device comes from the caller's `memory_fn` (lingpipe.plan estimates it from
 the schedule with lingpipe.pipeline.observe.memory: micro-batches alive, weight gradients held
 by deferred W's, optimizer slots, workspace, every stage the device holds).
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,6 +45,7 @@ from lingpipe.pipeline.step import settings
 __all__ = [
     "ActionSeconds",
     "Calibrated",
+    "CalibrationProbes",
     "Candidate",
     "Candidates",
     "CellTimesOf",
@@ -81,8 +84,10 @@ MICRO_BATCHES = (1, 2, 4, 8, 16)
 class Rates:
     """What a device does per second: FLOPs, the fixed cost of one action, cross-device
     transfer (bytes per second and a latency), the optimizer's apply and a gradient's
-    addition to a sum per weight byte, and `contention`: the factor on compute while
-    every device computes (1: devices with cores of their own)."""
+    addition to a sum per weight byte, `contention`: the factor on compute while
+    every device computes (1: devices with cores of their own), and `step_s`: the fixed
+    cost of a step beyond its actions (0 until a calibration with two or more probes
+    measures it, lingpipe.pipeline.planning.calibrate)."""
 
     flops_per_s: float
     action_s: float
@@ -91,6 +96,7 @@ class Rates:
     apply_s_per_byte: float = 0.0
     add_s_per_byte: float = 0.0
     contention: float = 1.0
+    step_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,10 +243,13 @@ def ActionSeconds(
     rates: Rates,
     global_batch: int,
     action_s: float | None = None,
+    contended: bool = True,
 ) -> dict[str, dict[tuple[int, int], float]]:
     """Per kind, {(stage, micro-batch): seconds} of the candidate's actions
     (cost_model.ActionCosts with this model's cells, sums and transfers); `action_s`
-    replaces rates.action_s (0: the actions' compute alone, what calibrate.Fit takes)."""
+    replaces rates.action_s (0: the actions' compute alone, what calibrate.Fit takes).
+    contended: every action with all of the candidate's devices computing (the
+    contention, and a B's two gradients apart); else each as on a device alone."""
     sched = ScheduleOf(candidate)
     micro = global_batch / candidate.replicas / candidate.num_micro_batches
 
@@ -259,7 +268,8 @@ def ActionSeconds(
         candidate.remat,
         Transfer,
         sum_s=[b * rates.add_s_per_byte for b in stage_bytes],
-        contention=Contention(candidate, rates),
+        contention=Contention(candidate, rates) if contended else 1.0,
+        contended=contended and candidate.replicas * candidate.num_stages > 1,
     )
 
 
@@ -275,24 +285,45 @@ def ScheduleOf(candidate: Candidate) -> Any:
 
 def Compute(candidate: Candidate, costs: ModelCosts, rates: Rates, global_batch: int) -> dict:
     """{Action: seconds} of every action of the candidate's schedule without the fixed
-    cost per action: what calibrate.Fit compares with the timeline's busy times."""
-    per_kind = ActionSeconds(candidate, costs, rates, global_batch, action_s=0.0)
+    cost per action: what calibrate.Fit compares with the timeline's busy times. As in
+    PredictSeconds, an action costs what it does on a device alone, and for the part
+    of it during which another device runs an action, what it does contended."""
     sched = ScheduleOf(candidate)
-    return {
-        a: per_kind[a.kind][(a.stage, a.micro_batch)] for acts in sched.device_actions for a in acts
-    }
+    together = ActionSeconds(candidate, costs, rates, global_batch, action_s=0.0)
+    if candidate.replicas > 1 or candidate.num_stages == 1:
+        alone, shared = together, {}
+    else:
+        alone = ActionSeconds(candidate, costs, rates, global_batch, 0.0, contended=False)
+        shared = _Shared(sched, simulate.Simulate(sched, alone))
+    out = {}
+    for acts in sched.device_actions:
+        for a in acts:
+            key = (a.stage, a.micro_batch)
+            part = min(1.0, shared.get(a, 0.0) / alone[a.kind][key]) if alone[a.kind][key] else 0.0
+            out[a] = alone[a.kind][key] + part * (together[a.kind][key] - alone[a.kind][key])
+    return out
+
+
+def _Shared(sched: Any, sim: Any) -> dict:
+    """{action: seconds of it during which another device runs an action} in `sim`."""
+    out = {}
+    for a, start in sim.start.items():
+        here = sched.DeviceOf(a.stage)
+        others = [(sim.start[b], sim.end[b]) for b in sim.start if sched.DeviceOf(b.stage) != here]
+        out[a] = sum(max(0.0, min(sim.end[a], e) - max(start, b)) for b, e in others)
+    return out
 
 
 def OutsideSeconds(candidate: Candidate, costs: ModelCosts, rates: Rates) -> float:
     """What the step adds to the pipeline's makespan: the sums' final scaling and the
-    optimizer's apply (each device its weights, in parallel), and the replicas'
-    ring all-reduce."""
+    optimizer's apply (each device its weights, in parallel), the replicas' ring
+    all-reduce, and the fixed cost of a step (rates.step_s)."""
     sched = ScheduleOf(candidate)
     device_bytes = [0.0] * sched.num_devices
     for s, (lo, hi) in enumerate(partition.Boundaries(list(candidate.partition))):
         device_bytes[sched.DeviceOf(s)] += sum(costs.weight_bytes[lo:hi])
     per_byte = (rates.apply_s_per_byte + rates.add_s_per_byte) * Contention(candidate, rates)
-    seconds = cost_model.OptimizerSeconds(device_bytes, per_byte)
+    seconds = cost_model.OptimizerSeconds(device_bytes, per_byte) + rates.step_s
     if candidate.replicas > 1:
         r = candidate.replicas
         grads = max(device_bytes)
@@ -300,18 +331,29 @@ def OutsideSeconds(candidate: Candidate, costs: ModelCosts, rates: Rates) -> flo
     return seconds
 
 
-def _Overlap(sim: Any) -> float:
-    """Seconds of `sim` during which two or more devices run an action at once."""
+def _Stretch(sim: Any, alone: dict, together: dict) -> float:
+    """Seconds that `sim` (simulated with the `alone` costs) gains where two or more
+    devices run an action at once: each such second is stretched by the largest
+    together / alone ratio of the actions running in it."""
+
+    def Ratio(a: Any) -> float:
+        key = (a.stage, a.micro_batch)
+        return together[a.kind][key] / alone[a.kind][key] if alone[a.kind][key] > 0 else 1.0
+
     events = []
     for a, start in sim.start.items():
         if sim.end[a] > start:
-            events += [(start, 1), (sim.end[a], -1)]
-    overlap, running, last = 0.0, 0, 0.0
-    for t, step in sorted(events):
-        if running >= 2:
-            overlap += t - last
-        running, last = running + step, t
-    return overlap
+            events += [(start, 1, a), (sim.end[a], -1, a)]
+    stretch, running, last = 0.0, set(), 0.0
+    for t, step, a in sorted(events, key=lambda e: (e[0], e[1])):
+        if len(running) >= 2:
+            stretch += (t - last) * (max(Ratio(r) for r in running) - 1.0)
+        if step > 0:
+            running.add(a)
+        else:
+            running.discard(a)
+        last = t
+    return stretch
 
 
 def PredictSeconds(
@@ -320,32 +362,57 @@ def PredictSeconds(
     """The candidate's step time: its schedule simulated with every action's cost
     (ActionSeconds), plus what the step adds outside the pipeline (OutsideSeconds).
 
-    Contention slows a device only while another computes too. Replicas always compute
+    Other devices computing slow a device down (the contention, and a B's gradients
+    no longer run at once, cost_model.CellTimes.BackwardAlone). Replicas always compute
     together, so their actions are all contended. The stages of one pipeline overlap
-    only in part: the schedule is simulated uncontended, and each second in which two
-    or more of its devices run an action at once is stretched by the contention (a
-    first-order correction: the stretch does not move later actions' dependencies)."""
+    only in part: the schedule is simulated with each action as on a device alone,
+    and each second in which two or more of its devices run an action at once is
+    stretched by the running actions' largest contended / alone ratio (a first-order
+    correction: the stretch does not move later actions' dependencies)."""
     sched = ScheduleOf(candidate)
-    c = Contention(candidate, rates)
-    if candidate.replicas > 1 or c == 1.0:
-        per_action = ActionSeconds(candidate, costs, rates, global_batch)
-        makespan = simulate.Simulate(sched, per_action).makespan
+    together = ActionSeconds(candidate, costs, rates, global_batch)
+    if candidate.replicas > 1 or candidate.num_stages == 1:
+        makespan = simulate.Simulate(sched, together).makespan
     else:
-        alone = dataclasses.replace(rates, contention=1.0)
-        sim = simulate.Simulate(sched, ActionSeconds(candidate, costs, alone, global_batch))
-        makespan = sim.makespan + (c - 1.0) * _Overlap(sim)
+        alone = ActionSeconds(candidate, costs, rates, global_batch, contended=False)
+        sim = simulate.Simulate(sched, alone)
+        makespan = sim.makespan + _Stretch(sim, alone, together)
     return makespan + OutsideSeconds(candidate, costs, rates)
 
 
 def Calibrated(costs: ModelCosts, rates: Rates, calibration: Any) -> tuple[ModelCosts, Rates]:
     """The costs and rates a calibrate.Calibration gives: the cells' times times its
-    device scale (FLOPs at the rate over it where there is no profile), and its fixed
-    cost per action."""
+    device scale (FLOPs at the rate over it where there is no profile), its fixed cost
+    per action and per step."""
     if costs.times is None:
         rates = dataclasses.replace(rates, flops_per_s=rates.flops_per_s / calibration.scale)
     else:
         costs = dataclasses.replace(costs, times=costs.times.Scaled(calibration.scale))
-    return costs, dataclasses.replace(rates, action_s=calibration.action_s)
+    return costs, dataclasses.replace(
+        rates, action_s=calibration.action_s, step_s=calibration.step_s
+    )
+
+
+def CalibrationProbes(
+    candidate: Candidate, costs: ModelCosts, global_batch: int
+) -> list[Candidate]:
+    """What calibrate.FitProbes records: one replica of `candidate`, and its 1F1B twin
+    (one stage per device, cut by the same partition policy) at the number of
+    micro-batches of MICRO_BATCHES that the replica's batch allows farthest from its
+    own (ties: the larger), so that the two differ in micro-batch size and in number
+    of actions."""
+    one = dataclasses.replace(candidate, replicas=1)
+    batch = global_batch // candidate.replicas
+    others = [m for m in MICRO_BATCHES if m <= batch and m != candidate.num_micro_batches]
+    if not others or candidate.num_stages < 2:
+        return [one]
+    m = max(others, key=lambda m: (abs(math.log(m / candidate.num_micro_batches)), m))
+    by_policy = {policy: counts for policy, counts in Partitions(costs, candidate.num_stages)}
+    counts = by_policy.get(candidate.partition_policy) or next(iter(by_policy.values()))
+    twin = dataclasses.replace(
+        one, num_micro_batches=m, schedule="1f1b", num_virtual_stages=1, partition=counts
+    )
+    return [one, twin]
 
 
 def Partitions(costs: ModelCosts, num_stages: int) -> list[tuple[str, tuple[int, ...]]]:
