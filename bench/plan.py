@@ -22,9 +22,13 @@ how much of a second core the second device gets.
 
 Also: the planner's pick under two caps per model (by the estimate) against the
 best measured configuration whose estimate fits; cost-based ('flops') against
-uniform partition on the 32k LM; the time to plan a 100-cell MLP. The Keras
-Functional model of the issue has no row yet (lingpipe.keras.Plan's own predictions
-are checked in tests/keras/test_keras_plan.py, not timed here).
+uniform partition on the 32k LM; the time to plan a 100-cell MLP.
+
+The Keras model (`keras`: a transformer text classifier written as keras.io's example
+writes it) has rows of its own, on a smaller grid (KERAS): lingpipe.keras.Plan's
+predictions (its costs are the graph's FLOPs at the measured rate; there is no
+profile or calibration of Keras layers) against lingpipe.keras.Pipeline trained with
+Adam by train_on_batch, with one replica (K=1: the model on one device).
 A benchmark, never a test.
 """
 
@@ -52,7 +56,17 @@ QUICK = dict(
     schedules=(("1f1b", 1), ("zero_bubble", 1)),
     remats=("never",),
 )
-FULL = dict(models=("lm32k", "mlp"), micro_batches=(1, 2, 4, 8, 16), schedules=None, remats=REMATS)
+FULL = dict(
+    models=("lm32k", "mlp", "keras"),
+    micro_batches=(1, 2, 4, 8, 16),
+    schedules=None,
+    remats=REMATS,
+)
+# The Keras model's grid is smaller: each configuration builds a Keras model anew.
+KERAS = dict(
+    micro_batches=(1, 2, 4, 8), schedules=("gpipe", "1f1b", "zero_bubble", "zbv"),
+    remats=("never", "always"),
+)  # fmt: skip
 
 
 def Model(name: str):
@@ -327,6 +341,137 @@ def Row(
     return row
 
 
+def KerasModel(seed: int = 0):
+    """A transformer text classifier written as keras.io's example writes it (token and
+    position embedding, a Transformer block of MultiHeadAttention and a feed-forward,
+    pooling, Dense), two blocks of 128 wide at 64 tokens: (model, x, y)."""
+    import keras
+    import numpy as np
+
+    vocab, length, width, batch = 8000, 64, 128, 64
+
+    class TokenAndPositionEmbedding(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.token_emb = keras.layers.Embedding(vocab, width)
+            self.pos_emb = keras.layers.Embedding(length, width)
+
+        def call(self, x):
+            positions = keras.ops.arange(0, keras.ops.shape(x)[-1])
+            return self.token_emb(x) + self.pos_emb(positions)
+
+    class TransformerBlock(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.att = keras.layers.MultiHeadAttention(num_heads=4, key_dim=width // 4)
+            self.ffn = keras.Sequential(
+                [keras.layers.Dense(4 * width, activation="relu"), keras.layers.Dense(width)]
+            )
+            self.norm1 = keras.layers.LayerNormalization(epsilon=1e-6)
+            self.norm2 = keras.layers.LayerNormalization(epsilon=1e-6)
+
+        def call(self, x):
+            x = self.norm1(x + self.att(x, x))
+            return self.norm2(x + self.ffn(x))
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((length,), dtype="int32")
+    h = TokenAndPositionEmbedding()(inputs)
+    for _ in range(2):
+        h = TransformerBlock()(h)
+    h = keras.layers.GlobalAveragePooling1D()(h)
+    h = keras.layers.Dense(64, activation="relu")(h)
+    outputs = keras.layers.Dense(2)(h)
+    model = keras.Model(inputs, outputs, name="transformer_classifier")
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, vocab, (batch, length)).astype("int32")
+    y = rng.integers(0, 2, (batch,)).astype("int32")
+    return model, x, y
+
+
+def KerasChild(cfg: dict, steps: int) -> dict:
+    """The Keras rows: lingpipe.keras.Plan's predictions (FLOPs at the measured rate, the
+    graph's memory estimate) against lingpipe.keras.Pipeline trained with Adam. The
+    Keras pipeline has one replica: K=1 is the model on one device."""
+    common.Setup(2, intra_op=1, inter_op=2)
+    import dataclasses
+
+    import keras
+    import tensorflow as tf
+
+    import lingpipe.keras as lpk
+    from lingpipe.keras import graph as graph_lib
+    from lingpipe.keras import graph_memory
+    from lingpipe.keras import plan as keras_plan
+    from lingpipe.pipeline.planning import partition, planner
+
+    model, x, y = KerasModel()
+    batch = x.shape[0]
+    graph = graph_lib.Trace(model, "bench")
+    costs = keras_plan.ModelCosts(graph)
+    memory = graph_memory.GraphMemory(graph, graph_memory.TraceNodes(graph, "bench"), 2)
+    rates = planner.MeasureRates(DEVICES[0])
+    grid_cfg = {k: tuple(v for v in KERAS[k] if v in cfg[k]) for k in ("micro_batches", "remats")}
+    names = [n for n in KERAS["schedules"] if cfg["schedules"] is None or
+             n in [s for s, _ in cfg["schedules"]]]  # fmt: skip
+    schedules = tuple(s for s in planner.SCHEDULES if s[0] in names)
+    grid = []
+    for k, scheds in ((1, (("gpipe", 1),)), (2, schedules)):
+        grid += planner.Candidates(
+            k, len(graph.nodes), batch, scheds, grid_cfg["remats"], grid_cfg["micro_batches"]
+        )
+    rows = []
+    for base in grid:
+        chunks = base.num_stages * (
+            2 if base.schedule in ("zbv", "v_half", "v_min") else base.num_virtual_stages
+        )
+        policy, counts = planner.Partitions(costs, chunks)[0]
+        c = dataclasses.replace(base, partition=counts, partition_policy=policy)
+        row = dict(model="keras", R=1, K=c.num_stages, M=c.num_micro_batches, schedule=c.schedule)
+        row.update(v=c.num_virtual_stages, remat=c.remat, partition=policy, cells=list(counts))
+        gc.collect()
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        try:
+            sched = _Kept(c)
+            nodes = [list(range(a, b)) for a, b in partition.Boundaries(list(counts))]
+            per_device = [m.total for m in memory.PerDevice(nodes, sched, c.remat, batch)]
+            fresh, _, _ = KerasModel()
+            piped = lpk.Pipeline(fresh, devices=list(DEVICES[: c.num_stages]), **c.Settings())
+            piped.compile(
+                optimizer=keras.optimizers.Adam(1e-4),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            )
+            seconds, best, peak = Measure(lambda: _Loss(piped.train_on_batch(x, y)), steps)
+        except Exception as e:  # noqa: BLE001 (a row of the table, not the end of the run)
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            rows.append(row)
+            continue
+        row["load"] = round(os.getloadavg()[0], 2)
+        row["predicted_s"] = row["calibrated_s"] = planner.PredictSeconds(c, costs, rates, batch)
+        row["measured_s"], row["measured_best_s"] = seconds, best
+        row["peak_device_mib"] = [b / 2**20 for b in per_device]
+        row["predicted_mib"] = sum(per_device) / 2**20
+        row["measured_mib"] = (peak - before) / 2**20
+        for key in ("predicted_s", "calibrated_s"):
+            row[key.replace("_s", "_err")] = row[key] / seconds - 1
+            row[key.replace("_s", "_err_best")] = row[key] / best - 1
+        row["memory_err"] = row["predicted_mib"] / row["measured_mib"] - 1
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        del piped, fresh
+    return dict(rows=rows, rates=dataclasses.asdict(rates), costs="flops (keras.Plan)")
+
+
+class _Loss:
+    """train_on_batch's result as Measure reads a step's (its .numpy())."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def numpy(self):
+        return self.value
+
+
 def PlanHundred() -> dict:
     """Seconds for planner.Search over a 100-cell MLP on 2 devices (memory estimated per
     candidate, FLOPs at the measured rate), rates measured first (not counted)."""
@@ -492,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--quick", action="store_true", help="the MLP, M in {2, 4}, 3 schedules")
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--models", default=None, help="comma-separated subset of lm32k,mlp")
+    ap.add_argument("--models", default=None, help="comma-separated subset of lm32k,mlp,keras")
     ap.add_argument("--micro_batches", default=None, help="comma-separated M, e.g. 1,4,16")
     ap.add_argument("--schedules", default=None, help="comma-separated, e.g. 1f1b,zbv")
     ap.add_argument("--remats", default=None, help="comma-separated subset of never,except_last,always")
@@ -500,7 +645,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="default bench/results/plan.json (plan_quick.json)")
     args = ap.parse_args(argv)
     if args.child:
-        result = PlanHundred() if args.plan100 else Child(args.model, _Config(args), args.steps)
+        if args.plan100:
+            result = PlanHundred()
+        elif args.model == "keras":
+            result = KerasChild(_Config(args), args.steps)
+        else:
+            result = Child(args.model, _Config(args), args.steps)
         print(json.dumps(result))
         return 0
     cfg = _Config(args)

@@ -218,13 +218,28 @@ def NodeParams(node: GraphNode) -> int:
     return int(node.operation.count_params()) if node.is_layer and node.operation.built else 0
 
 
+def _LookupParams(layer: Any) -> int:
+    """Weights of the Embedding layers in `layer` (itself, or nested in a layer of its
+    own, as keras.io's TokenAndPositionEmbedding and keras_hub's embeddings nest them)."""
+    if isinstance(layer, keras.layers.Embedding):
+        return int(layer.count_params()) if layer.built else 0
+    flatten = getattr(layer, "_flatten_layers", None)  # Keras 3's walk of nested layers
+    if flatten is None:
+        return 0
+    return sum(
+        int(sub.count_params())
+        for sub in flatten(include_self=False, recursive=True)
+        if isinstance(sub, keras.layers.Embedding) and sub.built
+    )
+
+
 def NodeFlops(node: GraphNode) -> int:
     """Per example: 2 x rows x weights + output elements (rows: output elements / last
     dim; exact for Dense and convolutions), as KerasCell.FPropMeta estimates. An
-    Embedding is a lookup, not a matmul: it reads one row per output row, so it costs
-    its output elements."""
+    Embedding is a lookup, not a matmul: it reads one row per output row, so its
+    weights (also where a layer of the user's own holds it) add no FLOPs."""
     flops = 0
-    weights = 0 if isinstance(node.operation, keras.layers.Embedding) else NodeParams(node)
+    weights = NodeParams(node) - (_LookupParams(node.operation) if node.is_layer else 0)
     for shape in node.out_shapes:
         dims = [1 if d is None else int(d) for d in shape[1:]] or [1]
         elements = int(np.prod(dims, dtype=np.int64))

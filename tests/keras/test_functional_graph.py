@@ -246,6 +246,22 @@ def _TokenClassifier():
     return keras.Model(ids, keras.layers.Dense(2, name="logits")(h))
 
 
+class _TokenAndPosition(keras.layers.Layer):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.tokens = keras.layers.Embedding(1000, 8)
+        self.positions = keras.layers.Embedding(4, 8)
+
+    def call(self, ids):
+        return self.tokens(ids) + self.positions(keras.ops.arange(4))
+
+
+def _NestedEmbedding():
+    ids = keras.Input((4,), dtype="int32")
+    h = _TokenAndPosition(name="embed")(ids)
+    return keras.Model(ids, keras.layers.Dense(2)(keras.layers.Flatten()(h)))
+
+
 def test_an_embedding_is_costed_as_a_lookup_and_unknown_dims_print_as_none():
     from lingpipe.keras import graph as graph_lib
 
@@ -253,6 +269,10 @@ def test_an_embedding_is_costed_as_a_lookup_and_unknown_dims_print_as_none():
     embed = next(n for n in graph.nodes if n.name == "embed")
     # One row read per token: its output elements, not 2 x rows x its 16,000 weights.
     assert graph_lib.NodeFlops(embed) == 16
+    # Also where a layer of the user's own holds the lookups (keras.io's token and
+    # position embedding): its output elements (4 tokens x 8), not 2 x 4 x 8,032.
+    nested = graph_lib.Trace(_NestedEmbedding(), "test")
+    assert graph_lib.NodeFlops(nested.nodes[0]) == 4 * 8
     pipe = lpk.Pipeline(
         _TokenClassifier(),
         num_stages=2,
