@@ -16,7 +16,9 @@ is recorded with the timeline and the cost model calibrated on it
 (lingpipe.pipeline.planning.calibrate); each row holds the uncalibrated and the calibrated
 prediction. Memory: one allocator serves both CPU devices, so the measured figure is
 the process's peak during the steps less what was in use before the configuration was
-built, beside the estimate summed over devices and replicas. Each row records the
+built, beside the estimate of one allocator's peak (memory.HostMemory: every stage's
+activations at their joint peak over the schedule, not each device's peak added up,
+which the row also keeps as devices_sum_mib), times the replicas. Each row records the
 host's load average when it was measured: on 2 shared cores other processes decide
 how much of a second core the second device gets.
 
@@ -123,8 +125,9 @@ def _Kept(c):
     return generators.Make(c.schedule, c.num_stages, c.num_micro_batches, c.num_virtual_stages)
 
 
-def EstimateDevices(pipe_p, inputs, c, traced_cache: dict) -> list[int]:
-    """The estimate per device of one pipeline of candidate c (Adam's slots)."""
+def EstimateDevices(pipe_p, inputs, c, traced_cache: dict) -> tuple[list[int], int]:
+    """The estimate per device of one pipeline of candidate c (Adam's slots), and the
+    pipeline's total in one allocator (memory.HostMemory)."""
     from lingpipe import optimizers
     from lingpipe.pipeline.observe import memory
     from lingpipe.pipeline.planning import partition
@@ -149,7 +152,18 @@ def EstimateDevices(pipe_p, inputs, c, traced_cache: dict) -> list[int]:
     per_device = [[] for _ in range(c.num_stages)]
     for s, stage in enumerate(stages):
         per_device[sched.DeviceOf(s)].append(stage)
-    return [memory.DeviceMemory(ms).total for ms in per_device]
+    return [memory.DeviceMemory(ms).total for ms in per_device], memory.HostMemory(per_device)
+
+
+def _Signature(c) -> str:
+    """The configuration's work, whatever its name: R, the cells per stage, the recompute
+    policy and each device's actions in order. Two rows with the same signature
+    (1F1B and GPipe at M=1, say) run the same step: their measured times differ by
+    the machine's noise alone."""
+    import hashlib
+
+    work = (c.replicas, tuple(c.partition), str(c.remat), str(_Kept(c).device_actions))
+    return hashlib.sha1(repr(work).encode()).hexdigest()[:12]
 
 
 def _Specs(x, replicas: int):
@@ -205,13 +219,15 @@ def BuildStep(pipe_p, inputs, loss_fn, c):
     return Step, pipes
 
 
-def Measure(step, steps: int) -> tuple[float, float, int]:
-    """(median and least seconds of `steps` steps after one untimed, the allocator's
+def Measure(step, steps: int, warm: int = 2) -> tuple[float, float, int]:
+    """(median and least seconds of `steps` steps after `warm` untimed, the allocator's
     peak). On a shared VM interference only adds time, so the least is the step
-    undisturbed (timeit's reading); the table gives both."""
+    undisturbed (timeit's reading); the table gives both. A first timed step right
+    after one untimed was at times a third slower than the rest: two are untimed."""
     import tensorflow as tf
 
-    step().numpy()
+    for _ in range(warm):
+        step().numpy()
     tf.config.experimental.reset_memory_stats("CPU:0")
     seconds = []
     for _ in range(steps):
@@ -319,8 +335,9 @@ def Row(
     row.update(
         v=c.num_virtual_stages, remat=c.remat, partition=c.partition_policy, cells=list(c.partition)
     )
+    row["actions"] = _Signature(c)
     try:
-        per_device = EstimateDevices(pipe_p, inputs, c, traced)
+        per_device, host = EstimateDevices(pipe_p, inputs, c, traced)
         step, _ = BuildStep(pipe_p, inputs, loss_fn, c)
         seconds, best, peak = Measure(step, steps)
     except Exception as e:  # noqa: BLE001 (a row of the table, not the end of the run)
@@ -332,7 +349,8 @@ def Row(
     row["measured_s"] = seconds
     row["measured_best_s"] = best
     row["peak_device_mib"] = [b / 2**20 for b in per_device]
-    row["predicted_mib"] = c.replicas * sum(per_device) / 2**20
+    row["predicted_mib"] = c.replicas * host / 2**20
+    row["devices_sum_mib"] = c.replicas * sum(per_device) / 2**20
     row["measured_mib"] = (peak - before) / 2**20
     for key in ("predicted_s", "calibrated_s"):
         row[key.replace("_s", "_err")] = row[key] / seconds - 1
@@ -403,6 +421,7 @@ def KerasChild(cfg: dict, steps: int) -> dict:
     from lingpipe.keras import graph as graph_lib
     from lingpipe.keras import graph_memory
     from lingpipe.keras import plan as keras_plan
+    from lingpipe.pipeline.observe import memory as memory_lib
     from lingpipe.pipeline.planning import partition, planner
 
     model, x, y = KerasModel()
@@ -418,8 +437,9 @@ def KerasChild(cfg: dict, steps: int) -> dict:
     grid = []
     for k, scheds in ((1, (("gpipe", 1),)), (2, schedules)):
         grid += planner.Candidates(
-            k, len(graph.nodes), batch, scheds, grid_cfg["remats"], grid_cfg["micro_batches"]
-        )
+            k, len(graph.nodes), batch, scheds, grid_cfg["remats"], grid_cfg["micro_batches"],
+            stages=(k,),
+        )  # fmt: skip
     rows = []
     for base in grid:
         chunks = base.num_stages * (
@@ -429,19 +449,24 @@ def KerasChild(cfg: dict, steps: int) -> dict:
         c = dataclasses.replace(base, partition=counts, partition_policy=policy)
         row = dict(model="keras", R=1, K=c.num_stages, M=c.num_micro_batches, schedule=c.schedule)
         row.update(v=c.num_virtual_stages, remat=c.remat, partition=policy, cells=list(counts))
+        row["actions"] = _Signature(c)
         gc.collect()
         before = tf.config.experimental.get_memory_info("CPU:0")["current"]
         try:
             sched = _Kept(c)
             nodes = [list(range(a, b)) for a, b in partition.Boundaries(list(counts))]
+            stages = memory.Stages(nodes, sched, c.remat, batch)
+            by_device = [[m for s, m in enumerate(stages) if sched.DeviceOf(s) == d]
+                         for d in range(sched.num_devices)]  # fmt: skip
             per_device = [m.total for m in memory.PerDevice(nodes, sched, c.remat, batch)]
+            host = memory_lib.HostMemory(by_device)
             fresh, _, _ = KerasModel()
             piped = lpk.Pipeline(fresh, devices=list(DEVICES[: c.num_stages]), **c.Settings())
             piped.compile(
                 optimizer=keras.optimizers.Adam(1e-4),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             )
-            seconds, best, peak = Measure(lambda: _Loss(piped.train_on_batch(x, y)), steps)
+            seconds, best, peak = Measure(lambda p=piped: _Loss(p.train_on_batch(x, y)), steps)
         except Exception as e:  # noqa: BLE001 (a row of the table, not the end of the run)
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             rows.append(row)
@@ -450,7 +475,8 @@ def KerasChild(cfg: dict, steps: int) -> dict:
         row["predicted_s"] = row["calibrated_s"] = planner.PredictSeconds(c, costs, rates, batch)
         row["measured_s"], row["measured_best_s"] = seconds, best
         row["peak_device_mib"] = [b / 2**20 for b in per_device]
-        row["predicted_mib"] = sum(per_device) / 2**20
+        row["predicted_mib"] = host / 2**20
+        row["devices_sum_mib"] = sum(per_device) / 2**20
         row["measured_mib"] = (peak - before) / 2**20
         for key in ("predicted_s", "calibrated_s"):
             row[key.replace("_s", "_err")] = row[key] / seconds - 1
@@ -458,7 +484,6 @@ def KerasChild(cfg: dict, steps: int) -> dict:
         row["memory_err"] = row["predicted_mib"] / row["measured_mib"] - 1
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-        del piped, fresh
     return dict(rows=rows, rates=dataclasses.asdict(rates), costs="flops (keras.Plan)")
 
 
@@ -504,6 +529,54 @@ def PlanHundred() -> dict:
         searched=result.searched,
         chosen=result.chosen.Describe(),
     )
+
+
+def Noise(rows: list) -> dict:
+    """How much the same step measures differently in one run: over pairs of rows of
+    one model with the same work (_Signature), |a / b - 1| of their measured times
+    (median and least of the steps). The floor under any prediction's error here."""
+    ok = [r for r in rows if "error" not in r and "actions" in r]
+    pairs = []
+    for i, a in enumerate(ok):
+        for b in ok[i + 1 :]:
+            if (a["model"], a["actions"]) == (b["model"], b["actions"]):
+                pairs.append((a, b))
+    out: dict = dict(pairs=len(pairs))
+    for key in ("measured_s", "measured_best_s"):
+        diffs = sorted(abs(a[key] / b[key] - 1) for a, b in pairs)
+        if diffs:
+            out[key] = dict(median=statistics.median(diffs), worst=diffs[-1])
+    return out
+
+
+def SummaryRows(rows: list) -> list:
+    """The issue's targets as a table: per model and over all rows, median and worst
+    |error| of the step time (predicted, calibrated; against the median and the least
+    of the steps) and of memory, its most negative error, and the noise floor (Noise)."""
+    out = []
+    models = sorted({r["model"] for r in rows if "error" not in r})
+    for scope in models + ["all"]:
+        mine = [r for r in rows if scope in ("all", r["model"])]
+        s, noise = Summary(mine), Noise(mine)
+        if "predicted_err" not in s:
+            continue
+        row = dict(scope=scope, rows=s["predicted_err"]["n"])
+        for key, name in (
+            ("predicted_err", "step"),
+            ("calibrated_err", "step_calibrated"),
+            ("predicted_err_best", "step_vs_least"),
+            ("memory_err", "memory"),
+        ):
+            if key in s:
+                row[f"{name}_median"] = s[key]["median"]
+                row[f"{name}_worst"] = s[key]["worst"]
+        row["memory_most_below"] = s["memory_err"]["most_below"]
+        if "measured_s" in noise:
+            row["noise_median"] = noise["measured_s"]["median"]
+            row["noise_worst"] = noise["measured_s"]["worst"]
+            row["noise_pairs"] = noise["pairs"]
+        out.append(row)
+    return out
 
 
 def Summary(rows: list) -> dict:
@@ -640,7 +713,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=None, help="comma-separated subset of lm32k,mlp,keras")
     ap.add_argument("--micro_batches", default=None, help="comma-separated M, e.g. 1,4,16")
     ap.add_argument("--schedules", default=None, help="comma-separated, e.g. 1f1b,zbv")
-    ap.add_argument("--remats", default=None, help="comma-separated subset of never,except_last,always")
+    ap.add_argument(
+        "--remats", default=None, help="comma-separated subset of never,except_last,always"
+    )
     ap.add_argument("--plan100", action="store_true")
     ap.add_argument("--out", default=None, help="default bench/results/plan.json (plan_quick.json)")
     args = ap.parse_args(argv)
@@ -684,6 +759,8 @@ def main(argv: list[str] | None = None) -> int:
         rows=rows,
         runs=runs,
         summary=Summary(rows),
+        noise=Noise(rows),
+        summary_rows=SummaryRows(rows),
         errors_by=ErrorsBy(rows),
         picks=Picks(rows),
         partition=Partition(rows),
@@ -708,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(common.Table(rows, columns))
     print("errors |predicted / measured - 1|:", json.dumps(payload["summary"]))
+    print("the same step measured twice, |a / b - 1|:", json.dumps(payload["noise"]))
     for p in payload["picks"]:
         print(
             f"cap {p['cap_mib']:.1f} MiB ({p['model']}): pick {p['pick']} "

@@ -117,6 +117,16 @@ TITLES: dict[str, tuple[str, str, str]] = {
     "gpu": ("GPU evidence", "See the GPU evidence section above.", "python bench/gpu.py"),
     "gpu_speed": ("GPU evidence", "", "python bench/gpu.py --sections=speed,precision"),
 }
+# The columns of a file's "rows" table where it has more than a page can show (the JSON
+# keeps every field).
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "plan": (
+        "model", "R", "K", "M", "schedule", "v", "remat", "partition", "cells",
+        "predicted_s", "calibrated_s", "measured_s", "measured_best_s", "predicted_err",
+        "calibrated_err", "peak_device_mib", "predicted_mib", "measured_mib", "memory_err",
+        "load", "error",
+    ),
+}  # fmt: skip
 # Files with a page of their own, written by their script from the same JSON.
 ELSEWHERE = {
     "keras_conformance": "docs/keras_conformance.md (python bench/keras_conformance.py)",
@@ -148,7 +158,8 @@ def Section(stem: str, payload: dict[str, Any]) -> str:
     if settings:
         lines.append("- Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + ".")
     for key, rows in _Tables(payload):
-        lines += ["", f"`{key}`:" if key != "rows" else "", _Markdown(rows)]
+        columns = COLUMNS.get(stem) if key == "rows" else None
+        lines += ["", f"`{key}`:" if key != "rows" else "", _Markdown(rows, columns)]
     for key in ("checks", "notes"):
         if payload.get(key):
             lines += ["", *[f"- {line}" for line in payload[key]]]
@@ -206,10 +217,10 @@ def _Tables(payload: dict[str, Any], prefix: str = "") -> list[tuple[str, list[d
     return found
 
 
-def _Markdown(rows: list[dict[str, Any]]) -> str:
+def _Markdown(rows: list[dict[str, Any]], only: tuple[str, ...] | None = None) -> str:
     columns: list[str] = []
     for row in rows:
-        columns += [c for c in row if c not in columns]
+        columns += [c for c in row if c not in columns and (only is None or c in only)]
     out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         out.append("| " + " | ".join(_Cell(row.get(c)) for c in columns) + " |")

@@ -256,18 +256,22 @@ class GraphMemory:
             boundary = received if k else 0  # stage 0's inputs: the batch, counted once
             events = memory.ActivationEvents(sim, m, k, kept, boundary, internal)
             trainable = sum(n.trainable_bytes for n in mine)
+            workspace = (
+                (sent + received + max(n.trainable_bytes for n in mine))
+                if sched.has_backward
+                else 0
+            )
             out.append(
                 memory.StageMemory(
                     weights=sum(n.weight_bytes for n in mine),
                     gradients=trainable,
                     optimizer_slots=int(self.slots_per_weight * trainable),
                     activations=simulate.PeakOf(events) + (batch_bytes if k == 0 else 0),
-                    workspace=(sent + received + max(n.trainable_bytes for n in mine))
-                    if sched.has_backward
-                    else 0,
+                    workspace=workspace,
                     peak_alive=sim.peak_alive[k],
                     events=tuple(events),
                     alive_events=tuple(memory.ActivationEvents(sim, m, k, set(), 1, 0)),
+                    step_events=tuple(memory.StepEvents(sim, k, trainable, workspace)),
                 )
             )
         return out

@@ -13,6 +13,8 @@ cells; batch 16, M=4 micro-batches of 4 rows. By hand, in bytes:
   cell's weight gradient (288): 544.
 """
 
+import dataclasses
+
 import pytest
 import tensorflow as tf
 
@@ -268,3 +270,34 @@ def test_a_v_shaped_split_schedule_holds_the_deferred_gradients_of_both_its_stag
     # A device adds both its stages' (0 and 3 on device 0) at their joint peak.
     device_0 = memory.DeviceMemory([with_w[0], with_w[3]])
     assert device_0.activations > memory.DeviceMemory([without[0], without[3]]).activations
+
+
+def test_one_allocator_s_peak_is_the_stages_joint_peak_not_their_peaks_added():
+    # GPipe, K=2, M=1 under unit costs: F0 [0, 1], F1 [1, 2], B1 [2, 4], B0 [4, 6]. Each
+    # stage: 2 bytes of weights, 4 of slots, 4 of gradients (from its backward on),
+    # 5 of activations (F to B) and 3 of workspace (during B).
+    sched = generators.Make("gpipe", 2, 1)
+    sim = simulate.Simulate(sched)
+    stages = []
+    for k in range(2):
+        events = memory.ActivationEvents(sim, 1, k, {(0, 0), (1, 0)}, 0, 5)
+        stages.append(
+            memory.StageMemory(
+                weights=2,
+                gradients=4,
+                optimizer_slots=4,
+                activations=5,
+                workspace=3,
+                peak_alive=1,
+                events=tuple(events),
+                step_events=tuple(memory.StepEvents(sim, k, 4, 3)),
+            )
+        )
+    per_device = [[stages[0]], [stages[1]]]
+    assert [memory.DeviceMemory(ms).total for ms in per_device] == [18, 18]
+    # In [2, 4): both stages' activations, stage 1's gradients and workspace: 17; after
+    # 4, stage 1's activations and workspace are freed: 16. Plus 12 of weights and slots.
+    assert memory.HostMemory(per_device) == 12 + 17
+    # Without step events (an estimate made before them): the sum of the devices.
+    bare = [[dataclasses.replace(s, step_events=()) for s in ms] for ms in per_device]
+    assert memory.HostMemory(bare) == 36

@@ -44,6 +44,8 @@ __all__ = [
     "CellMemory",
     "DeviceMemory",
     "Estimate",
+    "HostMemory",
+    "StepEvents",
     "MeasuredPeaks",
     "MicroBatchSpecs",
     "Note",
@@ -105,6 +107,9 @@ class StageMemory:
     # (time, delta) of the activation bytes and of the alive micro-batches, for DeviceMemory.
     events: tuple = dataclasses.field(default=(), repr=False, compare=False)
     alive_events: tuple = dataclasses.field(default=(), repr=False, compare=False)
+    # (time, delta) of the gradients (from the first backward on) and of the workspace
+    # (while each backward runs), for HostMemory (StepEvents).
+    step_events: tuple = dataclasses.field(default=(), repr=False, compare=False)
 
     @property
     def total(self) -> int:
@@ -313,6 +318,35 @@ def DeviceMemory(stages: Sequence[StageMemory]) -> StageMemory:
     )
 
 
+def StepEvents(sim: Any, stage: int, gradients: int, workspace: int) -> list[tuple[float, int]]:
+    """(time, +bytes or -bytes) in `sim` of stage `stage`'s gradients (from the start of
+    its first backward action to the step's end) and workspace (while each of its
+    backward actions runs)."""
+    backs = [a for a in sim.start if a.stage == stage and a.kind != FORWARD]
+    if not backs:
+        return []
+    events = [(min(sim.start[a] for a in backs), gradients)]
+    for a in backs:
+        events += [(sim.start[a], workspace), (sim.end[a], -workspace)]
+    return events
+
+
+def HostMemory(per_device: Sequence[Sequence[StageMemory]]) -> int:
+    """The peak of one allocator that serves every device (logical devices of one host,
+    as this repository's CPU tests and benchmarks run): every stage's weights and slots,
+    and its activations, gradients and workspace at their joint peak over the
+    schedule's time (one simulation gives every stage's events, StepEvents). At most
+    the sum of DeviceMemory's totals, which peak at different times; that sum where a
+    stage has no step events."""
+    stages = [s for ms in per_device for s in ms]
+    if not all(s.step_events or not s.gradients for s in stages):
+        return sum(DeviceMemory(ms).total for ms in per_device)
+    events = [e for s in stages for e in s.events + s.step_events]
+    held = sum(s.activations - simulate.PeakOf(list(s.events)) for s in stages)
+    static = sum(s.weights + s.optimizer_slots for s in stages)
+    return static + held + simulate.PeakOf(events)
+
+
 def _Spec(x: Any, key: str = "", float_dtype: tf.DType = tf.float32) -> Any:
     """A whole-batch input as tf.TensorSpec (NestedMaps keep their structure). A bare
     shape is `float_dtype` (the cells' compute dtype), except under a key ending in
@@ -408,6 +442,7 @@ def Estimate(
         # Stage 0's inputs are slices of the batch, counted once as batch_bytes below.
         boundary = boundary if k else 0
         deferred = sum(c.deferred_bytes for c in mine)
+        gradients = sum(map(math.prod, shapes)) * size
         events = ActivationEvents(
             sim, sched.num_micro_batches, k, kept, boundary, internal, deferred
         )
@@ -415,13 +450,14 @@ def Estimate(
         out.append(
             StageMemory(
                 weights=sum(c.weight_bytes for c in mine),
-                gradients=sum(map(math.prod, shapes)) * size,
+                gradients=gradients,
                 optimizer_slots=SlotBytes(optimizer, shapes, size),
                 activations=simulate.PeakOf(events) + (batch_bytes if k == 0 else 0),
                 workspace=Workspace(mine) if sched.has_backward else 0,
                 peak_alive=sim.peak_alive[k],
                 events=tuple(events),
                 alive_events=tuple(alive),
+                step_events=tuple(StepEvents(sim, k, gradients, Workspace(mine))),
             )
         )
     return out

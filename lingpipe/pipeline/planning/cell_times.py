@@ -7,15 +7,15 @@ fed the previous cell's outputs, and let go before the next is built (one cell's
 weights in memory at a time). Per micro-batch size n of `sizes`, per cell and per kind
 (the forward, F; the forward and the gradient of its floating-point inputs; the forward
 and the gradient of its weights, made dense as the executor's sum makes an embedding's,
-lingpipe.pipeline.step.gradient_sums; the forward and both gradients), two tf.functions, each traced once: one runs the
-kind once, the other `copies` times in a row, each copy waiting for the last one's
-results, and each returns one float. Their difference over copies - 1 is the kind as it
-runs inside a step, without a call's own cost and the copying of its arguments and
-results (those are the action's, cost_model.MeasureActionSeconds). I is the second kind
-less F, W the third less F, B (both in one action, CellTimes.backward) the fourth less
-F. Each time is the median of `repeats` (as a step's time is
-measured), after a warm-up; per kind and cell a line `fixed + per_example * n` through
-the sizes (cost_model.FitLine).
+lingpipe.pipeline.step.gradient_sums; the forward and both gradients), two
+tf.functions, each traced once: one runs the kind once, the other `copies` times in a
+row, each copy waiting for the last one's results, and each returns one float. Their
+difference over copies - 1 is the kind as it runs inside a step, without a call's own
+cost and the copying of its arguments and results (those are the action's,
+cost_model.MeasureActionSeconds). I is the second kind less F, W the third less F, B
+(both in one action, CellTimes.backward) the fourth less F. Each time is the median of
+`repeats` (as a step's time is measured), after a warm-up; per kind and cell a line
+`fixed + per_example * n` through the sizes (cost_model.FitLine).
 """
 
 from __future__ import annotations
