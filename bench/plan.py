@@ -522,7 +522,7 @@ def PlanHundred() -> dict:
     traced: dict = {}
     inputs = (tf.zeros([512, 512]),)
     result = planner.Search(
-        costs, rates, 2, 2**31, 512, lambda c: EstimateDevices(pipe_p, inputs, c, traced)
+        costs, rates, 2, 2**31, 512, lambda c: EstimateDevices(pipe_p, inputs, c, traced)[0]
     )
     return dict(
         seconds=time.perf_counter() - start,
@@ -718,6 +718,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--plan100", action="store_true")
     ap.add_argument("--out", default=None, help="default bench/results/plan.json (plan_quick.json)")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the rows of the models not measured now from the file already at --out",
+    )
+    ap.add_argument("--no_plan100", action="store_true", help="leave out the 100-cell plan")
     args = ap.parse_args(argv)
     if args.child:
         if args.plan100:
@@ -730,7 +736,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cfg = _Config(args)
     out = args.out or os.path.join(RESULTS, "plan_quick.json" if args.quick else "plan.json")
-    rows, runs = [], {}
+    rows, runs, kept = [], {}, None
+    if args.merge and os.path.exists(out):
+        with open(out, encoding="utf-8") as f:
+            kept = json.load(f)
+        rows = [r for r in kept["rows"] if r["model"] not in cfg["models"]]
+        runs = {m: v for m, v in kept["runs"].items() if m not in cfg["models"]}
     for model in cfg["models"]:
         flags = [f"--model={model}", f"--steps={args.steps}"] + [
             f"--{k}={getattr(args, k)}"
@@ -745,7 +756,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows += got.pop("rows")
         runs[model] = got
-    hundred = common.RunChild(__file__, ["--plan100"], timeout=600) if not args.quick else None
+    hundred = None
+    if not args.quick and not args.no_plan100:
+        hundred = common.RunChild(__file__, ["--plan100"], timeout=600)
+    elif kept:
+        hundred = kept.get("plan_100_cells")
     payload = dict(
         machine=common.Machine(),
         date=datetime.date.today().isoformat(),
@@ -753,11 +768,13 @@ def main(argv: list[str] | None = None) -> int:
         grid=dict(
             quick=args.quick,
             steps=args.steps,
-            **{k: v for k, v in cfg.items() if k != "schedules"},
+            **{k: v for k, v in cfg.items() if k not in ("schedules", "models")},
+            models=sorted({r["model"] for r in rows}),
             schedules=[s for s, _ in cfg["schedules"]] if cfg["schedules"] else "planner.SCHEDULES",
         ),
         rows=rows,
         runs=runs,
+        measured_now=list(cfg["models"]) if kept else "all",
         summary=Summary(rows),
         noise=Noise(rows),
         summary_rows=SummaryRows(rows),

@@ -253,3 +253,13 @@ def test_a_backward_alone_on_its_device_takes_its_profiled_time_and_contended_i_
     # A profile's B is never taken above I + W.
     slow_b = dataclasses.replace(ONE_SECOND, backward=((3.0, 0.0),) * 2)
     assert slow_b.BackwardAlone([0, 1], 1) == pytest.approx(4.0)
+
+
+def test_contention_is_the_least_reading_as_a_slowed_period_only_raises_one(monkeypatch):
+    # Readings of together / alone: 1.9 (the host's cores slowed for a while), 1.0,
+    # 1.9. The least is the machine's.
+    times = iter([1.0, 1.9, 1.0, 1.0, 1.0, 1.9])
+    monkeypatch.setattr(cost_model, "_Best", lambda fn, repeats: next(times))
+    devices = ["/device:CPU:0", "/device:CPU:1"]
+    assert cost_model.MeasureContention(devices, rounds=3, pause_s=0.0) == pytest.approx(1.0)
+    assert cost_model.MeasureContention(devices[:1]) == 1.0
