@@ -349,8 +349,9 @@ class PlanCheck:
         head = f"plan: predicted {_Ms(predicted_s)} and {_MiB(peak)} per device"
         if measured is None:
             return f"{head}; not measured (the run had no step after its first, which traces)"
-        error = (measured["step_seconds"] - predicted_s) / predicted_s * 100
-        return f"{head}; measured {_Ms(measured['step_seconds'])} ({error:+.0f}%)"
+        # Rounded first: a step 0.4% faster than predicted is "+0%", not "-0%".
+        error = round((measured["step_seconds"] - predicted_s) / predicted_s * 100)
+        return f"{head}; measured {_Ms(measured['step_seconds'])} ({error:+d}%)"
 
 
 def Prepare(

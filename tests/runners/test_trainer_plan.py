@@ -235,3 +235,12 @@ def test_bad_plan_files_are_refused_before_anything_is_written(capsys, tmp_path,
     status, lines = Main(capsys, f"--logdir={logdir}", f"--plan={path}")
     _AssertRefused(status, lines, f"--plan={path}: {message}")
     assert not logdir.exists()
+
+
+def test_the_plan_line_rounds_before_it_signs(tmp_path):
+    from lingpipe.runners import plan_flags
+
+    check = plan_flags.PlanCheck(str(tmp_path), {"step_seconds": 0.05, "peak_bytes": [2**20]}, None)
+    # 0.4% faster than predicted rounds to 0: "+0%", as a zero reads, never "-0%".
+    assert check.Line({"step_seconds": 0.0498}).endswith("measured 50 ms (+0%)")
+    assert check.Line({"step_seconds": 0.0535}).endswith("measured 54 ms (+7%)")
