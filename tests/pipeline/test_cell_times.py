@@ -1,6 +1,7 @@
 """cell_times.Profile: per cell F, I and W lines, an embedding's weight gradient made
 dense as the executor's sum makes it."""
 
+import pytest
 import tensorflow as tf
 
 from lingpipe.layers import embedding, gpipe, linear
@@ -26,3 +27,29 @@ def test_the_profile_has_a_line_per_cell_and_kind():
     assert times.source == "profile"
     for lines in (times.forward, times.backward_input, times.backward_weight):
         assert len(lines) == 2 and all(a >= 0 and b >= 0 for a, b in lines)
+
+
+def test_a_long_kind_is_timed_once_and_a_short_one_as_copies_less_one(monkeypatch):
+    from lingpipe.layers import linear as linear_lib
+
+    cell = linear_lib.ProjectionLayer.Params().Set(name="p", input_dims=4, output_dims=4)
+    cell = cell.Instantiate()
+    x = tf.ones([2, 4])
+    calls = []
+
+    def Reading(seconds_once):
+        def Median(fn, repeats):
+            calls.append(fn)
+            # The first timing of each kind is the single run; the second, 4 copies.
+            return seconds_once if len(calls) % 2 else 4 * seconds_once - 0.003
+
+        return Median
+
+    monkeypatch.setattr(cell_times, "_Median", Reading(0.05))
+    (f, i, w, b), _ = cell_times._CellSeconds(cell, (x,), repeats=1)
+    assert f == 0.05 and len(calls) == 4  # one timing per kind: F, I, W, B
+    calls.clear()
+    monkeypatch.setattr(cell_times, "_Median", Reading(0.002))
+    (f, i, w, b), _ = cell_times._CellSeconds(cell, (x,), repeats=1)
+    # (4 x 2 ms - 3 ms - 2 ms) / 3: the 1 ms of call and copying cancelled.
+    assert f == pytest.approx(0.001) and len(calls) == 8

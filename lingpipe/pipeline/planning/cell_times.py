@@ -14,7 +14,8 @@ difference over copies - 1 is the kind as it runs inside a step, without a call'
 cost and the copying of its arguments and results (those are the action's,
 cost_model.MeasureActionSeconds). I is the second kind less F, W the third less F, B
 (both in one action, CellTimes.backward) the fourth less F. Each time is the median of
-`repeats` (as a step's time is measured), after a warm-up; per kind and cell a line
+`repeats` (as a step's time is measured), after a warm-up; a kind that takes LONG_S or
+more once is timed once (the call is under 1% of it). Per kind and cell a line
 `fixed + per_example * n` through the sizes (cost_model.FitLine).
 """
 
@@ -77,6 +78,11 @@ def _AsSpec(x: Any, key: str = "") -> Any:
     return tf.TensorSpec(base_layer.ToShape(x), dtype)
 
 
+# A kind that runs this long once is timed once: a call's own cost (about 0.1 ms here)
+# is under 1% of it, and four copies of a 32k softmax's forward take 1.6 s a repeat.
+LONG_S = 0.02
+
+
 def _Scalar(tensors: Sequence[Any]) -> Any:
     """One float from the first element of each tensor: what a timed function returns, so
     that no output is copied to the host."""
@@ -92,7 +98,8 @@ def _CellSeconds(
     Each kind is timed as it runs inside a step: one function runs it once, another
     `copies` times in a row (each copy waits for the last one's results), and the
     difference over copies - 1 is one run without the call, its arguments and its
-    results (those are the action's, cost_model.MeasureActionSeconds)."""
+    results (those are the action's, cost_model.MeasureActionSeconds). A kind that
+    takes LONG_S or more once is that once."""
     weights = list(cell.trainable_variables)
     out = cell.FProp(cell.theta, *args)
 
@@ -124,7 +131,10 @@ def _CellSeconds(
 
             return lambda: Fn(*args)
 
-        many, one = _Median(Run(copies), repeats), _Median(Run(1), repeats)
+        one = _Median(Run(1), repeats)
+        if one >= LONG_S:
+            return one  # a call's own cost is under 1% of it: no copies needed
+        many = _Median(Run(copies), repeats)
         return max(0.0, (many - one) / (copies - 1))
 
     has_floats = any(t.dtype.is_floating for t in tf.nest.flatten(args))
