@@ -343,20 +343,29 @@ def Row(
     except Exception as e:  # noqa: BLE001 (a row of the table, not the end of the run)
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         return row
+    predicted = planner.PredictSeconds(c, costs, rates, batch)
+    calibrated = planner.PredictSeconds(c, cal_costs, cal_rates, batch)
+    _Measured(
+        row, c.replicas, predicted, calibrated, seconds, best, per_device, host, peak - before
+    )
+    return row
+
+
+def _Measured(row, replicas, predicted, calibrated, seconds, best, per_device, host, used):
+    """Fills a row's predictions (seconds; bytes per device of one pipeline and one
+    allocator's total) against what was measured (median and least seconds; bytes
+    used), with their errors."""
     row["load"] = round(os.getloadavg()[0], 2)
-    row["predicted_s"] = planner.PredictSeconds(c, costs, rates, batch)
-    row["calibrated_s"] = planner.PredictSeconds(c, cal_costs, cal_rates, batch)
-    row["measured_s"] = seconds
-    row["measured_best_s"] = best
+    row["predicted_s"], row["calibrated_s"] = predicted, calibrated
+    row["measured_s"], row["measured_best_s"] = seconds, best
     row["peak_device_mib"] = [b / 2**20 for b in per_device]
-    row["predicted_mib"] = c.replicas * host / 2**20
-    row["devices_sum_mib"] = c.replicas * sum(per_device) / 2**20
-    row["measured_mib"] = (peak - before) / 2**20
+    row["predicted_mib"] = replicas * host / 2**20
+    row["devices_sum_mib"] = replicas * sum(per_device) / 2**20
+    row["measured_mib"] = used / 2**20
     for key in ("predicted_s", "calibrated_s"):
         row[key.replace("_s", "_err")] = row[key] / seconds - 1
         row[key.replace("_s", "_err_best")] = row[key] / best - 1
     row["memory_err"] = row["predicted_mib"] / row["measured_mib"] - 1
-    return row
 
 
 def KerasModel(seed: int = 0):
@@ -471,17 +480,8 @@ def KerasChild(cfg: dict, steps: int) -> dict:
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             rows.append(row)
             continue
-        row["load"] = round(os.getloadavg()[0], 2)
-        row["predicted_s"] = row["calibrated_s"] = planner.PredictSeconds(c, costs, rates, batch)
-        row["measured_s"], row["measured_best_s"] = seconds, best
-        row["peak_device_mib"] = [b / 2**20 for b in per_device]
-        row["predicted_mib"] = host / 2**20
-        row["devices_sum_mib"] = sum(per_device) / 2**20
-        row["measured_mib"] = (peak - before) / 2**20
-        for key in ("predicted_s", "calibrated_s"):
-            row[key.replace("_s", "_err")] = row[key] / seconds - 1
-            row[key.replace("_s", "_err_best")] = row[key] / best - 1
-        row["memory_err"] = row["predicted_mib"] / row["measured_mib"] - 1
+        predicted = planner.PredictSeconds(c, costs, rates, batch)
+        _Measured(row, 1, predicted, predicted, seconds, best, per_device, host, peak - before)
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     return dict(rows=rows, rates=dataclasses.asdict(rates), costs="flops (keras.Plan)")

@@ -167,15 +167,7 @@ class RegisteredModel:
         from lingpipe.pipeline.step import remat
 
         batch = self.global_batch // c.replicas
-        pipe_p = self._PipelineParams(
-            batch,
-            num_stages=c.num_stages,
-            num_micro_batches=c.num_micro_batches,
-            schedule=c.schedule,
-            num_virtual_stages=c.num_virtual_stages,
-            remat=c.remat,
-            partition=list(c.partition),
-        )
+        pipe_p = self._PipelineParams(batch, **c.Settings())
         sched = generators.Make(c.schedule, c.num_stages, c.num_micro_batches, c.num_virtual_stages)
         key = (batch, c.num_micro_batches)
         if key not in self._traced:

@@ -171,15 +171,14 @@ def _StepFit(probes: Sequence[Probe], scales, overhead: float) -> tuple[float, f
     """(step_overhead, step_s) >= 0 by least squares over the probes (module doc)."""
     measured = [p.Measured() for p in probes]
 
-    def StepS(gap: float) -> float:
+    def Fit(gap: float) -> tuple[float, float]:
+        """(step_s, squared error) at this per-action gap: each probe simulated once."""
         residuals = [m - p.Makespan(scales, overhead + gap) for p, m in zip(probes, measured)]
-        return max(0.0, sum(residuals) / len(residuals)) if len(probes) > 1 else 0.0
+        step = max(0.0, sum(residuals) / len(residuals)) if len(probes) > 1 else 0.0
+        return step, sum((r - step) ** 2 for r in residuals)
 
     def Loss(gap: float) -> float:
-        step = StepS(gap)
-        return sum(
-            (m - p.Makespan(scales, overhead + gap) - step) ** 2 for p, m in zip(probes, measured)
-        )
+        return Fit(gap)[1]
 
     # The makespans grow with the per-action time; no probe's can exceed its measure.
     hi = max(measured)
@@ -193,7 +192,7 @@ def _StepFit(probes: Sequence[Probe], scales, overhead: float) -> tuple[float, f
         else:
             lo = a
     gap = (lo + hi) / 2
-    return gap, StepS(gap)
+    return gap, Fit(gap)[0]
 
 
 def FitProbes(probes: Sequence[Probe]) -> Calibration:

@@ -407,7 +407,7 @@ def CalibrationProbes(
     if not others or candidate.num_stages < 2:
         return [one]
     m = max(others, key=lambda m: (abs(math.log(m / candidate.num_micro_batches)), m))
-    by_policy = {policy: counts for policy, counts in Partitions(costs, candidate.num_stages)}
+    by_policy = dict(Partitions(costs, candidate.num_stages))
     counts = by_policy.get(candidate.partition_policy) or next(iter(by_policy.values()))
     twin = dataclasses.replace(
         one, num_micro_batches=m, schedule="1f1b", num_virtual_stages=1, partition=counts
