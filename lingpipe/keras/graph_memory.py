@@ -62,6 +62,10 @@ class NodeMemory:
         outputs or weights), per example.
       weight_bytes: every variable of its layer where the layer is first called, else 0.
       trainable_bytes: the trainable ones, likewise.
+      weight_args, weight_outputs, weight_internal_bytes: what of the above its
+        weight-only gradient ops read (held from a split backward's I to its W).
+      deferred_bytes: the gradients its weight-only gradient ops read from the rest of
+        its backward, per example (memory.CellMemory.deferred_bytes).
     """
 
     saved_args: tuple
@@ -69,6 +73,10 @@ class NodeMemory:
     internal_bytes: int
     weight_bytes: int
     trainable_bytes: int
+    weight_args: tuple = ()
+    weight_outputs: tuple = ()
+    weight_internal_bytes: int = 0
+    deferred_bytes: int = 0
 
 
 def _Source(t: tf.Tensor) -> tf.Tensor:
@@ -112,9 +120,11 @@ def _CallKey(node: graph_lib.GraphNode, specs: list) -> Any:
         return None
 
 
-def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[set, set, int]:
-    """(argument positions, output positions, other bytes) that the node's gradient ops
-    read, traced for `specs` without running."""
+def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int]:
+    """What the node's gradient ops read, traced for `specs` without running: (all of
+    them, the weight-only ones), each as (argument positions, output positions, other
+    bytes); and the bytes of the gradients that the weight-only ops read from the rest
+    (held from a split backward's I to its W, as memory.CellMemory.deferred_bytes)."""
     call, variables = graph_lib.NodeCall(node), graph_lib.TrainableVariables(node)
     found: dict = {}
 
@@ -123,33 +133,40 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[set, set, int]:
         outputs = call(*args)
         forward = set(g.get_operations())
         ys = [y for y in outputs if y.dtype.is_floating]
-        xs = [x for x in args if x.dtype.is_floating] + list(variables)
-        if ys and xs:
-            tf.gradients(ys, xs, grad_ys=[tf.ones(y.shape, y.dtype) for y in ys])
-        reads = [
-            _Source(t)
-            for op in g.get_operations()
-            if op not in forward and op.type not in _SHAPE_READERS
-            for t in op.inputs
-        ]
-        found.update(forward=forward, reads=reads, args=args, outputs=outputs)
+        xs = [x for x in args if x.dtype.is_floating]
+        grads = []
+        if ys and xs + list(variables):
+            dys = [tf.ones(y.shape, y.dtype) for y in ys]
+            grads = tf.gradients(ys, xs + list(variables), grad_ys=dys)
+        backward = [op for op in g.get_operations() if op not in forward]
+        weight_only = memory.WeightOnlyOps(backward, grads[: len(xs)], grads[len(xs) :])
+        deferred = memory.DeferredBytes(backward, weight_only)
+        found.update(forward=forward, args=args, outputs=outputs, backward=backward)
+        found.update(weight_only=weight_only, deferred=deferred)
         return 0
 
     # Traced, never run; Keras layers need no autograph (and it costs most of a trace).
     tf.function(Fn, autograph=False).get_concrete_function(*specs)
     arg_at = {x.ref(): i for i, x in enumerate(found["args"])}
     out_at = {_Source(y).ref(): i for i, y in enumerate(found["outputs"])}
-    args, outs, other = set(), set(), {}
-    for t in found["reads"]:
-        if t.op not in found["forward"] or t.op.type in _NOT_ACTIVATIONS:
-            continue
-        if t.ref() in arg_at:
-            args.add(arg_at[t.ref()])
-        elif t.ref() in out_at:
-            outs.add(out_at[t.ref()])
-        else:
-            other[t.ref()] = _Bytes(t)
-    return args, outs, sum(other.values())
+
+    def Read(ops: Any) -> tuple:
+        args, outs, other = set(), set(), {}
+        for op in ops:
+            if op.type in _SHAPE_READERS:
+                continue
+            for t in map(_Source, op.inputs):
+                if t.op not in found["forward"] or t.op.type in _NOT_ACTIVATIONS:
+                    continue
+                if t.ref() in arg_at:
+                    args.add(arg_at[t.ref()])
+                elif t.ref() in out_at:
+                    outs.add(out_at[t.ref()])
+                else:
+                    other[t.ref()] = _Bytes(t)
+        return tuple(sorted(args)), tuple(sorted(outs)), sum(other.values())
+
+    return Read(found["backward"]), Read(found["weight_only"]), found["deferred"]
 
 
 def WeightBytes(graph: graph_lib.Graph, trainable: bool = False) -> list[int]:
@@ -183,7 +200,7 @@ def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> li
             ) from None
         if key is not None:
             traced[key] = saved
-        args, outs, internal = saved
+        (args, outs, internal), (w_args, w_outs, w_internal), deferred = saved
         out.append(
             NodeMemory(
                 saved_args=tuple(k for j, k in enumerate(node.arg_keys) if j in args),
@@ -191,6 +208,10 @@ def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> li
                 internal_bytes=internal,
                 weight_bytes=weights[i],
                 trainable_bytes=trainable[i],
+                weight_args=tuple(k for j, k in enumerate(node.arg_keys) if j in w_args),
+                weight_outputs=tuple(k for j, k in enumerate(node.out_keys) if j in w_outs),
+                weight_internal_bytes=w_internal,
+                deferred_bytes=deferred,
             )
         )
     return out
@@ -254,7 +275,18 @@ class GraphMemory:
                 + sum(graph_lib.TensorBytes(graph, x) for x in read)
             )
             boundary = received if k else 0  # stage 0's inputs: the batch, counted once
-            events = memory.ActivationEvents(sim, m, k, kept, boundary, internal)
+            # What W reads of them: a split backward holds it from I's end to W's.
+            for_w = {x for n in mine for x in n.weight_args + n.weight_outputs}
+            held = rows * (
+                sum(n.weight_internal_bytes for n in mine)
+                + sum(graph_lib.TensorBytes(graph, x) for x in for_w - set(live[k]))
+            )
+            if k:
+                held += rows * sum(graph_lib.TensorBytes(graph, x) for x in for_w & set(live[k]))
+            deferred = rows * sum(n.deferred_bytes for n in mine)
+            events = memory.ActivationEvents(
+                sim, m, k, kept, boundary, internal, deferred, min(held, boundary + internal)
+            )
             trainable = sum(n.trainable_bytes for n in mine)
             workspace = (
                 (sent + received + max(n.trainable_bytes for n in mine))

@@ -140,6 +140,32 @@ def test_the_memory_of_a_keras_graph_follows_the_schedule():
     assert adam.Stages([[0], [1]], sched, "never", 8)[0].optimizer_slots == 2 * keep[0].weights
 
 
+def test_a_split_backward_holds_what_w_reads_and_the_gradients_i_made_for_it():
+    """The same two Dense layers under zero bubble (K=2, M=2, unit costs):
+    stage 0: F0 [0,1] F1 [1,2] I0 [3,4] W0 [4,5] I1 [5,6] W1 [6,7];
+    stage 1: F0 [1,2] I0 [2,3] F1 [3,4] I1 [4,5] W0 [5,6] W1 [6,7]."""
+    x = keras.Input((8,))
+    h = keras.layers.Dense(16, activation="tanh")(x)
+    model = keras.Model(x, keras.layers.Dense(4)(h))
+    graph = graph_lib.Trace(model)
+    nodes = graph_memory.TraceNodes(graph)
+    # The kernels' gradients (W) read each layer's input and its dz (tanh's: 16 floats an
+    # example; the last layer's: the 4 of the gradient it receives); tanh's output is read
+    # by I alone.
+    assert [n.weight_args for n in nodes] == [tuple(g.arg_keys) for g in graph.nodes]
+    assert [n.weight_outputs for n in nodes] == [(), ()]
+    assert [n.deferred_bytes for n in nodes] == [16 * 4, 4 * 4]
+    memory = graph_memory.GraphMemory(graph, nodes, 0)
+    stages = memory.Stages([[0], [1]], generators.Make("zero_bubble", 2, 2), "never", 8)
+    h_mb, dz_mb, dy_mb = 4 * 16 * 4, 4 * 16 * 4, 4 * 4 * 4  # per micro-batch of 4 rows
+    # Stage 0 (and the batch): two tanh outputs in [1, 4); from I0's end, dz0 takes the
+    # place of tanh's output. Stage 1 in [5, 6): micro-batches 0 and 1 both between I
+    # and W, each holding its received h (W reads it) and its dy.
+    assert [s.activations for s in stages] == [
+        8 * 8 * 4 + max(2 * h_mb, h_mb + dz_mb), 2 * (h_mb + dy_mb),
+    ]  # fmt: skip
+
+
 def test_an_explicit_knob_beside_a_plan_wins_and_warns():
     model = _Mlp()
     plan = _Plan(model, num_stages=2, num_micro_batches=4)

@@ -228,19 +228,25 @@ def test_a_cell_counts_the_gradients_its_weight_ops_wait_for():
     cell = Pipe().params.cell_tpl[0]
     (traced,) = memory.TracedFor(Pipe().params, [cell], ([16, 8],), 4)
     assert traced.deferred_bytes == ACT
+    # Of what its backward reads, W reads x (the input, for x^T dz); ReluGrad, an op of
+    # I, reads the ReLU's output, freed when I ends.
+    assert (traced.weight_input_saved_bytes, traced.weight_saved_bytes) == (ACT, 0)
+    assert (traced.input_saved_bytes, traced.saved_bytes) == (ACT, ACT)
 
 
 # Split backward (zero bubble, K=2, M=4; one unit per F, I, W):
 #   dev 0: F0 F1 .  I0 W0 F2 I1 W1 F3 I2 W2 I3 W3
 #   dev 1: .  F0 I0 F1 I1 W0 F2 I2 W1 F3 I3 W2 W3
 # Remat 'never': a micro-batch holds boundary + internal (stage 0: 256, the batch is
-# counted once; stage 1: 128 + 256) from F to W, and from I to W the two cells' dz
-# (2 * 128) that W's ops read. Stage 1 at t=4..6 holds micro-batches 0 and 1, both
-# between I and W: 2 * (384 + 256). Stage 0 at t=3..5: micro-batch 0 (256 + 256) and 1.
+# counted once; stage 1: 128 + 256) from F to I's end; from I's end to W's end, what W
+# reads (each cell's input x: stage 0: 128, the first cell's x being the batch; stage
+# 1: 256) and the two cells' dz (2 * 128) that I made for W. Stage 1 at t=5..6 holds
+# micro-batches 0 and 1, both between I and W: 2 * (256 + 256). Stage 0 at t=4..5:
+# micro-batch 0 between I and W (128 + 256) and 1 (256).
 def test_deferred_weight_gradients_are_counted_for_split_backward_schedules():
     report = Pipe("zero_bubble", "never").PartitionReport()
     got = [s.memory.activations for s in report.stages]
-    assert got == [BATCH + 3 * 2 * ACT, 2 * (3 * ACT + 2 * ACT)]
+    assert got == [BATCH + (1 + 2) * ACT + 2 * ACT, 2 * (2 + 2) * ACT]
     # 1F1B runs I and W together: nothing waits, its figures stay as they were.
     ones = Pipe("1f1b", "never").PartitionReport()
     assert [s.memory.activations for s in ones.stages] == list(EXPECTED[("1f1b", "never")])
@@ -255,16 +261,21 @@ def test_a_v_shaped_split_schedule_holds_the_deferred_gradients_of_both_its_stag
     def Estimate(traced):
         return memory.Estimate(
             pipe.params, [pipe.params.cell_tpl[0]] * 4, [[s] for s in range(4)],
-            ([16, 8],), sched, set(), traced=[traced] * 4,
+            ([16, 8],), sched, kept, traced=[traced] * 4,
         )  # fmt: skip
 
-    with_w, without = Estimate(cell), Estimate(dataclasses.replace(cell, deferred_bytes=0))
+    kept = {(s, m) for s in range(4) for m in range(4)}  # remat 'never'
+
+    # Held gradients three times the cell's dz (128), so that they outweigh what I frees.
+    held = 3 * ACT
+    with_w = Estimate(dataclasses.replace(cell, deferred_bytes=held))
+    without = Estimate(dataclasses.replace(cell, deferred_bytes=0))
     sim = simulate.Simulate(sched)
     for s in range(4):
         events = list(without[s].events)
-        for m in range(4):  # each micro-batch's dz, held from its I to its W
-            events.append((sim.start[simulate.Action("I", s, m)], ACT))
-            events.append((sim.end[simulate.Action("W", s, m)], -ACT))
+        for m in range(4):  # each micro-batch's gradients, held from its I's end to its W's
+            events.append((sim.end[simulate.Action("I", s, m)], held))
+            events.append((sim.end[simulate.Action("W", s, m)], -held))
         assert with_w[s].activations == simulate.PeakOf(events) + (BATCH if s == 0 else 0)
         assert with_w[s].activations > without[s].activations
     # A device adds both its stages' (0 and 3 on device 0) at their joint peak.

@@ -12,7 +12,9 @@ Per stage:
 - deferred weight gradients (split-backward schedules: zero_bubble, zbv, v_half, v_min,
   ...): from a micro-batch's I to its W, the gradients that the weight-gradient ops will
   read (a matmul's output gradient dz for x^T dz), computed by I and held for W
-  (`CellMemory.deferred_bytes`). They peak together with the activations.
+  (`CellMemory.deferred_bytes`), from I's end. They peak together with the activations.
+  What I alone reads of the activations (a softmax's probabilities, a ReLU's output) is
+  freed when I ends; what W reads (a matmul's input x) is held to W's end (`WeightHeld`).
 
 A cell's activations are measured, not guessed: `TraceCells` builds each cell in a
 throw-away graph (no memory is allocated, so a model too big for the machine can be
@@ -35,13 +37,14 @@ import tensorflow as tf
 from lingpipe import base_layer, hyperparams, optimizers
 from lingpipe.pipeline.planning import costs
 from lingpipe.pipeline.schedules import simulate
-from lingpipe.pipeline.schedules.schedule import BACKWARD, BACKWARD_INPUT, FORWARD, Action, Schedule
+from lingpipe.pipeline.schedules.schedule import BACKWARD_INPUT, FORWARD, Action, Schedule
 from lingpipe.pipeline.step import micro_batch
 from lingpipe.pipeline.step import remat as remat_lib
 
 __all__ = [
     "ActivationEvents",
     "CellMemory",
+    "DeferredBytes",
     "DeviceMemory",
     "Estimate",
     "HostMemory",
@@ -55,6 +58,8 @@ __all__ = [
     "StageMemory",
     "TraceCells",
     "TracedFor",
+    "WeightHeld",
+    "WeightOnlyOps",
     "Workspace",
 ]
 
@@ -79,6 +84,9 @@ class CellMemory:
       output_bytes: the cell's outputs.
       deferred_bytes: gradient tensors that the weight-only gradient ops read and the
         input-gradient ops make (or receive): what a split backward holds from I to W.
+      weight_saved_bytes: the part of `saved_bytes` that the weight-only gradient ops
+        read: what a split backward's I leaves alive for W. None: not traced (all of it).
+      weight_input_saved_bytes: the part of `input_saved_bytes` they read (None: all).
       out_specs: the outputs as tf.TensorSpecs, the next cell's inputs.
     """
 
@@ -92,6 +100,8 @@ class CellMemory:
     output_bytes: int
     out_specs: Any
     deferred_bytes: int = 0
+    weight_saved_bytes: int | None = None
+    weight_input_saved_bytes: int | None = None
 
 
 @dataclasses.dataclass
@@ -148,12 +158,10 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
             dys = [_Placeholder(y) for y in flat_out]
             grads = tf.gradients(flat_out, flat_in + trainable, grad_ys=dys)
         backward = [op for op in graph.get_operations() if op not in forward]
-        read = [_Source(t) for op in backward for t in op.inputs]
-        deferred = _DeferredBytes(backward, grads[: len(flat_in)], grads[len(flat_in) :])
-    saved = {}  # {tensor: bytes} of the forward tensors (views resolved) the gradient ops read
-    for src in read:
-        if src.op in forward and src.op.type not in _NOT_ACTIVATIONS:
-            saved[src.ref()] = _Bytes(src)
+        weight_only = WeightOnlyOps(backward, grads[: len(flat_in)], grads[len(flat_in) :])
+        deferred = DeferredBytes(backward, weight_only)
+        saved = _Read(backward, forward)  # {tensor: bytes}: the forward tensors the backward reads
+        for_weights = _Read(weight_only, forward)
     inputs_ref = {x.ref() for x in tf.nest.flatten(inputs)}
     outputs_ref = {_Source(y).ref() for y in tf.nest.flatten(outputs)}
     return CellMemory(
@@ -169,7 +177,21 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
             lambda y: tf.TensorSpec(y.shape, y.dtype), costs.AsArgs(outputs)
         ),
         deferred_bytes=deferred,
+        weight_saved_bytes=sum(b for r, b in for_weights.items() if r not in inputs_ref),
+        weight_input_saved_bytes=sum(b for r, b in for_weights.items() if r in inputs_ref),
     )
+
+
+def _Read(ops: Any, forward: set) -> dict:
+    """{tensor ref: bytes} of the forward tensors (views resolved; not weights or
+    constants) that `ops` read."""
+    read = {}
+    for op in ops:
+        for t in op.inputs:
+            src = _Source(t)
+            if src.op in forward and src.op.type not in _NOT_ACTIVATIONS:
+                read[src.ref()] = _Bytes(src)
+    return read
 
 
 def _Ancestors(tensors: Sequence[Any], within: set) -> set:
@@ -183,13 +205,17 @@ def _Ancestors(tensors: Sequence[Any], within: set) -> set:
     return seen
 
 
-def _DeferredBytes(backward: list, input_grads: list, weight_grads: list) -> int:
-    """Bytes of the gradient tensors (not forward tensors) that the weight-only ops of
-    `backward` read from the rest: what the executor's I leaves for its W (it holds
-    back the ops that only the weights' gradients need, as here)."""
+def WeightOnlyOps(backward: list, input_grads: list, weight_grads: list) -> set:
+    """The ops of `backward` that the weights' gradients need and the inputs' do not:
+    those the executor's I holds back for its W."""
     within = set(backward)
-    for_inputs = _Ancestors(input_grads, within)
-    weight_only = _Ancestors(weight_grads, within) - for_inputs
+    return _Ancestors(weight_grads, within) - _Ancestors(input_grads, within)
+
+
+def DeferredBytes(backward: list, weight_only: set) -> int:
+    """Bytes of the gradient tensors (not forward tensors) that the `weight_only` ops
+    of `backward` read from the rest: what the executor's I leaves for its W."""
+    within = set(backward)
     held = {}
     for op in weight_only:
         for t in op.inputs:
@@ -260,6 +286,19 @@ def StageActivations(cells: Sequence[CellMemory]) -> tuple[int, int]:
     return cells[0].input_bytes, internal
 
 
+def WeightHeld(cells: Sequence[CellMemory], boundary: int, internal: int) -> int:
+    """Bytes of a stage's activations for one micro-batch (StageActivations' `boundary`
+    and `internal`) that its weight-only gradient ops read: what a split backward holds
+    from the end of I to the end of W. A cell's inputs within the stage are the previous
+    cell's outputs (internal); the first cell's are the stage's (boundary). Untraced
+    cells (None) count as read whole."""
+    if any(c.weight_saved_bytes is None or c.weight_input_saved_bytes is None for c in cells):
+        return boundary + internal
+    inner = sum(c.weight_saved_bytes for c in cells)
+    inner += sum(c.weight_input_saved_bytes for c in cells[1:])
+    return min(boundary, cells[0].weight_input_saved_bytes) + min(internal, inner)
+
+
 def Workspace(cells: Sequence[CellMemory]) -> int:
     """Bytes a stage's backward holds besides the activations, for one micro-batch: the
     gradient of its outputs (received), of its inputs (sent on), and the largest
@@ -276,29 +315,39 @@ def ActivationEvents(
     boundary: int,
     internal: int,
     deferred: int = 0,
+    weight_held: int | None = None,
 ) -> list[tuple[float, int]]:
     """(time, +bytes or -bytes) of the activations stage `stage` holds in the simulated
     time of `sim` (the schedule's simulate.Simulation).
 
     A micro-batch is alive from the start of its forward to the end of its backward
-    (W when split; the forward's own end in a forward-only schedule) and holds
-    `boundary`, plus `internal` (StageActivations of one micro-batch) when it is in
-    `kept`, the (stage, micro-batch) pairs whose forward keeps its activations. The
-    backward of one that is not kept replays its forward and holds `internal` while it
-    runs (to the end of W: the weights' gradient reads it). Where the backward is split,
-    `deferred` bytes (the stage's CellMemory.deferred_bytes) are held from I to W.
+    (the forward's own end in a forward-only schedule) and holds `boundary`, plus
+    `internal` (StageActivations of one micro-batch) when it is in `kept`, the (stage,
+    micro-batch) pairs whose forward keeps its activations. The backward of one that is
+    not kept replays its forward and holds `internal` while it runs.
+
+    Where the backward is split into I and W, I turns what it alone reads of the
+    activations into the gradients that W reads: from I's end to W's end, `weight_held`
+    bytes of the activations (WeightHeld: what W reads; None: all of them) and
+    `deferred` bytes (the stage's CellMemory.deferred_bytes) are alive. Within I, as
+    within a B, one cell's backward's transients are not counted: a softmax's
+    probabilities, read by I alone, give way to the logits' gradient, read by W.
     """
     events = []
     for m in range(num_micro_batches):
         last = simulate.LastAction(stage, m, sim.end)
         held = boundary + (internal if (stage, m) in kept else 0)
-        events += [(sim.start[Action(FORWARD, stage, m)], held), (sim.end[last], -held)]
-        if last.kind != FORWARD and (stage, m) not in kept:
-            first_back = last if last.kind == BACKWARD else Action(BACKWARD_INPUT, stage, m)
-            events += [(sim.start[first_back], internal), (sim.end[last], -internal)]
         split = Action(BACKWARD_INPUT, stage, m)
-        if deferred and split in sim.start:
-            events += [(sim.start[split], deferred), (sim.end[last], -deferred)]
+        is_split = split in sim.start and last != split
+        # The activations are held to the end of the backward, or of I where split.
+        freed = sim.end[split] if is_split else sim.end[last]
+        events += [(sim.start[Action(FORWARD, stage, m)], held), (freed, -held)]
+        if last.kind != FORWARD and (stage, m) not in kept:
+            first_back = split if is_split else last
+            events += [(sim.start[first_back], internal), (freed, -internal)]
+        if is_split:
+            after = (boundary + internal if weight_held is None else weight_held) + deferred
+            events += [(freed, after), (sim.end[last], -after)]
     return events
 
 
@@ -442,9 +491,10 @@ def Estimate(
         # Stage 0's inputs are slices of the batch, counted once as batch_bytes below.
         boundary = boundary if k else 0
         deferred = sum(c.deferred_bytes for c in mine)
+        for_w = WeightHeld(mine, boundary, internal)
         gradients = sum(map(math.prod, shapes)) * size
         events = ActivationEvents(
-            sim, sched.num_micro_batches, k, kept, boundary, internal, deferred
+            sim, sched.num_micro_batches, k, kept, boundary, internal, deferred, for_w
         )
         alive = ActivationEvents(sim, sched.num_micro_batches, k, set(), 1, 0)
         out.append(
