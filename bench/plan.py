@@ -417,9 +417,10 @@ def KerasModel(seed: int = 0):
 
 
 def KerasChild(cfg: dict, steps: int) -> dict:
-    """The Keras rows: lingpipe.keras.Plan's predictions (FLOPs at the measured rate, the
-    graph's memory estimate) against lingpipe.keras.Pipeline trained with Adam. The
-    Keras pipeline has one replica: K=1 is the model on one device."""
+    """The Keras rows: lingpipe.keras.Plan's predictions (its costs: each layer call
+    profiled here, keras_plan.PlanCosts; the graph's memory estimate) against
+    lingpipe.keras.Pipeline trained with Adam. The Keras pipeline has one replica: K=1
+    is the model on one device."""
     common.Setup(2, intra_op=1, inter_op=2)
     import dataclasses
 
@@ -436,8 +437,8 @@ def KerasChild(cfg: dict, steps: int) -> dict:
     model, x, y = KerasModel()
     batch = x.shape[0]
     graph = graph_lib.Trace(model, "bench")
-    costs = keras_plan.ModelCosts(graph)
     memory = graph_memory.GraphMemory(graph, graph_memory.TraceNodes(graph, "bench"), 2)
+    start = time.perf_counter()
     rates = planner.MeasureRates(DEVICES[0])
     grid_cfg = {k: tuple(v for v in KERAS[k] if v in cfg[k]) for k in ("micro_batches", "remats")}
     names = [n for n in KERAS["schedules"] if cfg["schedules"] is None or
@@ -449,6 +450,8 @@ def KerasChild(cfg: dict, steps: int) -> dict:
             k, len(graph.nodes), batch, scheds, grid_cfg["remats"], grid_cfg["micro_batches"],
             stages=(k,),
         )  # fmt: skip
+    costs, costs_note = keras_plan.PlanCosts(graph, grid, batch, 2**40, "auto", DEVICES[0])
+    setup_s = time.perf_counter() - start
     rows = []
     for base in grid:
         chunks = base.num_stages * (
@@ -482,9 +485,12 @@ def KerasChild(cfg: dict, steps: int) -> dict:
             continue
         predicted = planner.PredictSeconds(c, costs, rates, batch)
         _Measured(row, 1, predicted, predicted, seconds, best, per_device, host, peak - before)
+        # The same step predicted from FLOPs at the measured rate, beside the profile.
+        row["flops_s"] = planner.PredictSeconds(c, keras_plan.ModelCosts(graph), rates, batch)
+        row["flops_err"] = row["flops_s"] / seconds - 1
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    return dict(rows=rows, rates=dataclasses.asdict(rates), costs="flops (keras.Plan)")
+    return dict(rows=rows, rates=dataclasses.asdict(rates), costs=costs_note, setup_s=setup_s)
 
 
 class _Loss:
@@ -565,6 +571,7 @@ def SummaryRows(rows: list) -> list:
             ("predicted_err", "step"),
             ("calibrated_err", "step_calibrated"),
             ("predicted_err_best", "step_vs_least"),
+            ("flops_err", "step_flops"),
             ("memory_err", "memory"),
         ):
             if key in s:
@@ -584,7 +591,10 @@ def Summary(rows: list) -> dict:
     (the issue: never more than 10% below measured)."""
     ok = [r for r in rows if "error" not in r]
     out = {}
-    keys = ("predicted_err", "calibrated_err", "predicted_err_best", "calibrated_err_best")
+    keys = (
+        "predicted_err", "calibrated_err", "predicted_err_best", "calibrated_err_best",
+        "flops_err",
+    )  # fmt: skip
     for key in keys + ("memory_err",):
         errs = sorted(abs(r[key]) for r in ok if key in r)
         if errs:

@@ -123,8 +123,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "plan": (
         "model", "R", "K", "M", "schedule", "v", "remat", "partition", "cells",
         "predicted_s", "calibrated_s", "measured_s", "measured_best_s", "predicted_err",
-        "calibrated_err", "peak_device_mib", "predicted_mib", "measured_mib", "memory_err",
-        "load", "error",
+        "calibrated_err", "flops_err", "peak_device_mib", "predicted_mib", "measured_mib",
+        "memory_err", "load", "error",
     ),
 }  # fmt: skip
 # Files with a page of their own, written by their script from the same JSON.

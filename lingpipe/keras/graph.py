@@ -36,9 +36,11 @@ from lingpipe.pipeline.planning import costs
 from lingpipe.pipeline.planning import partition as partition_lib
 
 __all__ = [
+    "CallKey",
     "CallNode",
     "Cut",
     "CutBytes",
+    "ExampleSpecs",
     "FirstUseParams",
     "Graph",
     "GraphNode",
@@ -278,6 +280,32 @@ def NodeCall(node: GraphNode, training: bool = True) -> Callable[..., tuple]:
         return tuple(values[k] for k in node.out_keys)
 
     return Call
+
+
+def ExampleSpecs(graph: Graph, node: GraphNode) -> list[tf.TensorSpec]:
+    """The node's arguments for one example (unknown dims 1)."""
+    return [
+        tf.TensorSpec([1, *[1 if d is None else d for d in graph.shapes[k][1:]]], graph.dtypes[k])
+        for k in node.arg_keys
+    ]
+
+
+def CallKey(node: GraphNode, specs: list) -> Any:
+    """What decides what a node computes: its operation's class and config (Keras 3
+    records a layer's constructor arguments in it), and how it is called (its arguments,
+    tensors as their specs). Equal keys trace and time alike; None when the config
+    cannot be read (each call on its own)."""
+    try:
+        config = node.operation.get_config()
+        config.pop("name", None)
+        tensors = iter(specs)
+        call = keras.tree.map_structure(
+            lambda x: next(tensors) if isinstance(x, keras.KerasTensor) else x,
+            (node.node.arguments.args, node.node.arguments.kwargs),
+        )
+        return (type(node.operation), repr(config), repr(call))
+    except Exception:  # noqa: BLE001 (an operation without a config: no sharing)
+        return None
 
 
 def TrainableVariables(node: GraphNode) -> list:

@@ -95,31 +95,6 @@ def _VariableBytes(variables: Sequence[Any]) -> int:
     return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables)
 
 
-def _Specs(graph: graph_lib.Graph, node: graph_lib.GraphNode) -> list[tf.TensorSpec]:
-    """The node's arguments for one example (unknown dims 1)."""
-    return [
-        tf.TensorSpec([1, *[1 if d is None else d for d in graph.shapes[k][1:]]], graph.dtypes[k])
-        for k in node.arg_keys
-    ]
-
-
-def _CallKey(node: graph_lib.GraphNode, specs: list) -> Any:
-    """What decides what a node's backward reads: its operation's class and config, how
-    it is called (its arguments, tensors as their specs). Equal keys trace alike; None
-    when the config cannot be read (traced on its own)."""
-    try:
-        config = node.operation.get_config()
-        config.pop("name", None)
-        tensors = iter(specs)
-        call = keras.tree.map_structure(
-            lambda x: next(tensors) if isinstance(x, keras.KerasTensor) else x,
-            (node.node.arguments.args, node.node.arguments.kwargs),
-        )
-        return (type(node.operation), repr(config), repr(call))
-    except Exception:  # noqa: BLE001 (an operation without a config: no sharing)
-        return None
-
-
 def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int]:
     """What the node's gradient ops read, traced for `specs` without running: (all of
     them, the weight-only ones), each as (argument positions, output positions, other
@@ -185,11 +160,11 @@ def WeightBytes(graph: graph_lib.Graph, trainable: bool = False) -> list[int]:
 def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> list[NodeMemory]:
     """Each node's NodeMemory (module doc); a node that cannot be traced is one line."""
     weights, trainable = WeightBytes(graph), WeightBytes(graph, trainable=True)
-    traced: dict = {}  # _CallKey -> _Saved: a model's repeated blocks are traced once
+    traced: dict = {}  # graph.CallKey -> _Saved: a model's repeated blocks are traced once
     out = []
     for i, node in enumerate(graph.nodes):
-        specs = _Specs(graph, node)
-        key = _CallKey(node, specs)
+        specs = graph_lib.ExampleSpecs(graph, node)
+        key = graph_lib.CallKey(node, specs)
         try:
             saved = traced[key] if key in traced else _Saved(node, specs)
         except Exception as e:  # noqa: BLE001 (any failure of a user's layer, named)

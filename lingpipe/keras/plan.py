@@ -14,7 +14,10 @@ predicted to be fastest among those predicted to fit the cap on every device. Th
 model is traced once (lingpipe.keras.graph): each layer call's FLOPs, the bytes
 crossing a cut after it and its layer's weights are the planner's costs per unit
 (planner.ModelCosts), and graph_memory estimates each candidate's memory per device
-from the schedule. Nothing is built per candidate.
+from the schedule. Each layer call's F, I, W and B times are profiled on this device
+at the smallest and largest micro-batch (lingpipe.keras.graph_times; calls alike are
+timed once) where the largest call can be profiled here, else FLOPs at the measured
+rate are its costs. Nothing is built per candidate.
 
 The Keras pipeline has no data parallelism of its own, so every plan has one replica;
 devices a plan leaves out (K < N) stay idle.
@@ -22,11 +25,14 @@ devices a plan leaves out (K < N) stay idle.
 Restrictions (keyword arguments, each one value or a list of them): `num_stages`,
 `num_micro_batches`, `schedules`, `remat`. Also: `optimizer` (a Keras optimizer or a
 number of weight-sized slots per weight; default the model's compiled optimizer, else
-2, Adam's) and `rates` (planner.Rates; default measured here, planner.MeasureRates).
+2, Adam's), `rates` (planner.Rates; default measured here, planner.MeasureRates) and
+`costs` ('auto', the default, as above; 'profile' or 'flops' forces one, as
+`python -m lingpipe.plan --costs` does).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -34,6 +40,8 @@ import inspect
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import tensorflow as tf
 
 from lingpipe import plan as plan_lib
 from lingpipe.keras import graph as graph_lib
@@ -45,8 +53,10 @@ __all__ = [
     "KerasPlan",
     "KNOBS",
     "Knobs",
+    "COSTS",
     "ModelCosts",
     "Plan",
+    "PlanCosts",
     "RecordsGivenArguments",
     "ResolveArgs",
     "RESTRICTIONS",
@@ -54,7 +64,10 @@ __all__ = [
 ]
 
 # Plan's restrictions, and the knobs of lingpipe.keras.Pipeline a plan sets.
-RESTRICTIONS = ("num_stages", "num_micro_batches", "schedules", "remat", "optimizer", "rates")
+RESTRICTIONS = (
+    "num_stages", "num_micro_batches", "schedules", "remat", "optimizer", "rates", "costs",
+)  # fmt: skip
+COSTS = ("auto", "profile", "flops")
 KNOBS = ("num_stages", "num_micro_batches", "schedule", "num_virtual_stages", "remat", "partition")
 WHERE = "lingpipe.keras.Plan"
 
@@ -79,6 +92,7 @@ class KerasPlan:
       memory_per_device, batch_size: the cap and the global batch.
       searched: candidates considered.
       note: what the memory estimate assumed.
+      costs_note: which costs the step times were predicted with.
     """
 
     knobs: dict
@@ -93,6 +107,7 @@ class KerasPlan:
     batch_size: int
     searched: int
     note: str
+    costs_note: str = ""
 
     @property
     def step_seconds(self) -> float:
@@ -128,7 +143,7 @@ class KerasPlan:
         return report.PlanScreen(
             f"plan for {self.model_name!r}, batch {self.batch_size}, {self.num_devices} "
             f"device(s), cap {report.Bytes(self.memory_per_device)} per device "
-            f"({self.searched} candidates; {self.note}):",
+            f"({self.searched} candidates; {self.note}; costs: {self.costs_note}):",
             c,
             what,
             f"lingpipe.keras.Pipeline(model, {knobs})",
@@ -211,6 +226,50 @@ def ModelCosts(graph: graph_lib.Graph) -> planner.ModelCosts:
     )
 
 
+def _CheckCosts(source: Any) -> None:
+    if not isinstance(source, str) or source not in COSTS:
+        raise ValueError(f"{WHERE}: expected costs to be one of {COSTS}, received {source!r}")
+
+
+def PlanCosts(
+    graph: graph_lib.Graph,
+    candidates: Sequence[planner.Candidate],
+    batch: int,
+    cap: int,
+    source: str = "auto",
+    device: str | None = None,
+) -> tuple[planner.ModelCosts, str]:
+    """(costs, a line saying which) for `source` (module doc): ModelCosts with each layer
+    call's times profiled at the smallest and largest micro-batch of `candidates` on
+    `device` (default: where the model's weights are), or without (FLOPs at the rate)."""
+    _CheckCosts(source)
+    flop_costs = ModelCosts(graph)
+    if source == "flops":
+        return flop_costs, "FLOPs at the measured rate (costs='flops')"
+    micro = sorted({-(-batch // c.num_micro_batches) for c in candidates})
+    sizes = sorted({micro[0], micro[-1]})
+    need = plan_lib.ProfileNeed(flop_costs, sizes[-1])
+    have, what = plan_lib.DeviceBytes(cap)
+    if need > have:
+        if source == "profile":
+            raise ValueError(
+                f"{WHERE}: costs='profile': profiling the largest layer call of "
+                f"{graph.model.name!r} needs {report.Bytes(need)}, {what} is "
+                f"{report.Bytes(have)}; pass costs='flops' (or 'auto')"
+            )
+        return flop_costs, (
+            f"FLOPs at the measured rate (profiling the largest layer call needs "
+            f"{report.Bytes(need)}, {what} is {report.Bytes(have)})"
+        )
+    from lingpipe.keras import graph_times
+
+    with tf.device(device) if device else contextlib.nullcontext():
+        times = graph_times.Profile(graph, sizes)
+    sizes_text = " and ".join(map(str, sizes))
+    note = f"profiled per layer call here (F, I, W at micro-batches of {sizes_text})"
+    return dataclasses.replace(flop_costs, times=times), note
+
+
 def _Devices(devices: Any, where: str) -> tuple[int, list | None]:
     if isinstance(devices, (list, tuple)) and devices and all(isinstance(d, str) for d in devices):
         return len(devices), list(devices)
@@ -253,6 +312,7 @@ def Plan(
         memory per device any candidate needs, and that candidate).
     """
     _CheckNames(restrictions, WHERE)
+    _CheckCosts(restrictions.get("costs", "auto"))
     if memory_per_device is None or batch_size is None or devices is None:
         raise ValueError(
             f"{WHERE}: expected devices, memory_per_device and batch_size, received "
@@ -280,7 +340,11 @@ def Plan(
         return [m.total for m in memory.PerDevice(nodes, sched, c.remat, batch_size)]
 
     rates = restrictions.get("rates") or planner.MeasureRates(names[0] if names else None)
-    result = planner.Search(ModelCosts(graph), rates, n, cap, batch_size, MemoryFn, candidates)
+    costs, costs_note = PlanCosts(
+        graph, candidates, batch_size, cap, restrictions.get("costs", "auto"),
+        names[0] if names else None,
+    )  # fmt: skip
+    result = planner.Search(costs, rates, n, cap, batch_size, MemoryFn, candidates)
     if result.chosen is None:
         least = min(result.refused, key=lambda r: max(r.candidate.peak_bytes))
         need = report.Bytes(max(least.candidate.peak_bytes))
@@ -301,6 +365,7 @@ def Plan(
         batch_size=batch_size,
         searched=result.searched,
         note=note,
+        costs_note=costs_note,
     )
 
 

@@ -36,10 +36,12 @@ def _Copy(model):
     return copy
 
 
-def _Plan(model, cap="1GiB", rates=FAST_LINKS, **restrictions):
+def _Plan(model, cap="1GiB", rates=FAST_LINKS, costs="flops", **restrictions):
+    """The search's behaviour, under FLOPs costs (profiling is tested on its own)."""
     return lpk.Plan(
-        model, devices=2, memory_per_device=cap, batch_size=16, rates=rates, **restrictions
-    )
+        model, devices=2, memory_per_device=cap, batch_size=16, rates=rates, costs=costs,
+        **restrictions,
+    )  # fmt: skip
 
 
 def _Size(text, rounding=0.05):

@@ -46,10 +46,11 @@ def test_a_long_kind_is_timed_once_and_a_short_one_as_copies_less_one(monkeypatc
         return Median
 
     monkeypatch.setattr(cell_times, "_Median", Reading(0.05))
-    (f, i, w, b), _ = cell_times._CellSeconds(cell, (x,), repeats=1)
+    run = lambda *a: cell.FProp(cell.theta, *a)  # noqa: E731
+    (f, i, w, b), _ = cell_times.UnitSeconds(run, cell.trainable_variables, (x,), repeats=1)
     assert f == 0.05 and len(calls) == 4  # one timing per kind: F, I, W, B
     calls.clear()
     monkeypatch.setattr(cell_times, "_Median", Reading(0.002))
-    (f, i, w, b), _ = cell_times._CellSeconds(cell, (x,), repeats=1)
+    (f, i, w, b), _ = cell_times.UnitSeconds(run, cell.trainable_variables, (x,), repeats=1)
     # (4 x 2 ms - 3 ms - 2 ms) / 3: the 1 ms of call and copying cancelled.
     assert f == pytest.approx(0.001) and len(calls) == 8

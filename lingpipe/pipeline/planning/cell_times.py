@@ -34,8 +34,10 @@ from lingpipe.pipeline.step import micro_batch
 
 __all__ = [
     "Dense",
+    "Lines",
     "Profile",
     "Resized",
+    "UnitSeconds",
 ]
 
 
@@ -90,24 +92,25 @@ def _Scalar(tensors: Sequence[Any]) -> Any:
     return tf.add_n([tf.reduce_sum(f) for f in firsts]) if firsts else tf.constant(0.0)
 
 
-def _CellSeconds(
-    cell: Any, args: tuple, repeats: int, copies: int = 4
+def UnitSeconds(
+    run: Callable[..., Any], weights: Sequence[Any], args: tuple, repeats: int, copies: int = 4
 ) -> tuple[tuple[float, float, float, float], Any]:
-    """((F, I, W, B) seconds of `cell` on `args`, its outputs).
+    """((F, I, W, B) seconds of `run(*args)`, a unit of the model (a cell, a Keras layer
+    call) whose trainable variables are `weights`; its outputs).
 
     Each kind is timed as it runs inside a step: one function runs it once, another
     `copies` times in a row (each copy waits for the last one's results), and the
     difference over copies - 1 is one run without the call, its arguments and its
     results (those are the action's, cost_model.MeasureActionSeconds). A kind that
     takes LONG_S or more once is that once."""
-    weights = list(cell.trainable_variables)
-    out = cell.FProp(cell.theta, *args)
+    weights = list(weights)
+    out = run(*args)
 
     def Once(kind: str, inputs: tuple) -> list:
         flat = [t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
         with tf.GradientTape() as tape:
             tape.watch(flat)
-            y = cell.FProp(cell.theta, *inputs)
+            y = run(*inputs)
         ys = [o for o in tf.nest.flatten(y) if o.dtype.is_floating]
         if kind == "F" or not ys:
             return tf.nest.flatten(y)
@@ -145,6 +148,19 @@ def _CellSeconds(
     return (t_f, max(0.0, t_i - t_f), max(0.0, t_w - t_f), max(0.0, t_b - t_f)), out
 
 
+def Lines(sizes: Sequence[int], measured: Sequence[Sequence[tuple]]) -> cost_model.CellTimes:
+    """CellTimes from UnitSeconds per unit and per size of `sizes`: per kind and unit a
+    line `fixed + per_example * n` (cost_model.FitLine)."""
+    kinds = [
+        tuple(cost_model.FitLine(sizes, [m[kind] for m in per_size]) for per_size in measured)
+        for kind in range(4)
+    ]
+    forward, backward_input, backward_weight, backward = kinds
+    return cost_model.CellTimes(
+        forward, backward_input, backward_weight, source="profile", backward=backward
+    )
+
+
 def Profile(
     parent_p: hyperparams.Params,
     cell_params: Sequence[hyperparams.InstantiableParams],
@@ -160,20 +176,18 @@ def Profile(
         n: tuple(costs._SampleInput(s) for s in Resized(input_specs, n, batch_dim))  # noqa: SLF001
         for n in sizes
     }
-    lines: list[list] = [[], [], [], []]  # per kind (F, I, W, B), one line per cell
+    measured = []  # per cell, (F, I, W, B) per size
     for i, p in enumerate(cell_params):
         p = base_layer.BaseLayer.CopyBaseParams(parent_p, p.Copy())
         p.name = p.name or f"profile_cell_{i}"
         cell = p.Instantiate()
-        measured = []  # (F, I, W) per size
+        per_size = []
         for n in sizes:
-            seconds, out = _CellSeconds(cell, args[n], repeats)
-            measured.append(seconds)
+            seconds, out = UnitSeconds(
+                lambda *a, c=cell: c.FProp(c.theta, *a), cell.trainable_variables, args[n], repeats
+            )
+            per_size.append(seconds)
             args[n] = costs.AsArgs(out)
-        for kind in range(4):
-            lines[kind].append(cost_model.FitLine(sizes, [m[kind] for m in measured]))
+        measured.append(per_size)
         del cell
-    forward, backward_input, backward_weight, backward = (tuple(x) for x in lines)
-    return cost_model.CellTimes(
-        forward, backward_input, backward_weight, source="profile", backward=backward
-    )
+    return Lines(sizes, measured)
