@@ -540,7 +540,8 @@ def PlanHundred() -> dict:
 def Noise(rows: list) -> dict:
     """How much the same step measures differently in one run: over pairs of rows of
     one model with the same work (_Signature), |a / b - 1| of their measured times
-    (median and least of the steps). The floor under any prediction's error here."""
+    (median and least of the steps) and memory. The floor under any prediction's error
+    here."""
     ok = [r for r in rows if "error" not in r and "actions" in r]
     pairs = []
     for i, a in enumerate(ok):
@@ -548,10 +549,35 @@ def Noise(rows: list) -> dict:
             if (a["model"], a["actions"]) == (b["model"], b["actions"]):
                 pairs.append((a, b))
     out: dict = dict(pairs=len(pairs))
-    for key in ("measured_s", "measured_best_s"):
+    for key in ("measured_s", "measured_best_s", "measured_mib"):
         diffs = sorted(abs(a[key] / b[key] - 1) for a, b in pairs)
         if diffs:
             out[key] = dict(median=statistics.median(diffs), worst=diffs[-1])
+    return out
+
+
+def _Key(r: dict) -> tuple:
+    return tuple(r[k] for k in ("model", "R", "K", "M", "schedule", "v", "remat")) + (
+        tuple(r["cells"]),
+    )
+
+
+def Repeat(rows: list, previous: dict, source: str) -> list:
+    """How much the same configuration measures differently in two runs: per model, over
+    the rows of `previous` (an earlier plan.json) with the same configuration,
+    |now / then - 1| of the measured time (median of the steps) and memory."""
+    then = {_Key(r): r for r in previous.get("rows", []) if "error" not in r}
+    out = []
+    for model in sorted({r["model"] for r in rows if "error" not in r}):
+        pairs = [(r, then[_Key(r)]) for r in rows
+                 if "error" not in r and r["model"] == model and _Key(r) in then]  # fmt: skip
+        if not pairs:
+            continue
+        row = dict(model=model, rows=len(pairs), against=source)
+        for key, name in (("measured_s", "step"), ("measured_mib", "memory")):
+            diffs = sorted(abs(a[key] / b[key] - 1) for a, b in pairs)
+            row[f"{name}_median"], row[f"{name}_worst"] = statistics.median(diffs), diffs[-1]
+        out.append(row)
     return out
 
 
@@ -734,6 +760,17 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the rows of the models not measured now from the file already at --out",
     )
     ap.add_argument("--no_plan100", action="store_true", help="leave out the 100-cell plan")
+    ap.add_argument(
+        "--against",
+        default=None,
+        help="an earlier plan.json: how much the same configurations measure differently "
+        "from run to run (its 'repeat' table); FILE or FILE=what it is",
+    )
+    ap.add_argument(
+        "--rescore",
+        action="store_true",
+        help="measure nothing: the rows of --out, their tables made again (with --against)",
+    )
     args = ap.parse_args(argv)
     if args.child:
         if args.plan100:
@@ -747,6 +784,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = _Config(args)
     out = args.out or os.path.join(RESULTS, "plan_quick.json" if args.quick else "plan.json")
     rows, runs, kept = [], {}, None
+    if args.rescore:
+        with open(out, encoding="utf-8") as f:
+            kept = json.load(f)
+        return _Write(out, kept, kept["rows"], _Against(args.against) or kept.get("repeat"))
     if args.merge and os.path.exists(out):
         with open(out, encoding="utf-8") as f:
             kept = json.load(f)
@@ -771,6 +812,7 @@ def main(argv: list[str] | None = None) -> int:
         hundred = common.RunChild(__file__, ["--plan100"], timeout=600)
     elif kept:
         hundred = kept.get("plan_100_cells")
+    repeat = _Against(args.against)
     payload = dict(
         machine=common.Machine(),
         date=datetime.date.today().isoformat(),
@@ -785,14 +827,31 @@ def main(argv: list[str] | None = None) -> int:
         rows=rows,
         runs=runs,
         measured_now=list(cfg["models"]) if kept else "all",
-        summary=Summary(rows),
-        noise=Noise(rows),
-        summary_rows=SummaryRows(rows),
-        errors_by=ErrorsBy(rows),
-        picks=Picks(rows),
-        partition=Partition(rows),
         plan_100_cells=hundred,
     )
+    return _Write(out, payload, rows, repeat)
+
+
+def _Against(spec: str | None):
+    """(previous plan.json's payload, what it is) from --against FILE[=what], or None."""
+    if not spec:
+        return None
+    path, _, what = spec.partition("=")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f), what or path
+
+
+def _Write(out: str, payload: dict, rows: list, repeat) -> int:
+    """The tables made from `rows` into `payload`, printed and written to `out`."""
+    payload.update(
+        summary=Summary(rows), noise=Noise(rows), summary_rows=SummaryRows(rows),
+        errors_by=ErrorsBy(rows), picks=Picks(rows), partition=Partition(rows),
+    )  # fmt: skip
+    if isinstance(repeat, tuple):
+        payload["repeat"] = Repeat(rows, *repeat)
+    elif repeat:
+        payload["repeat"] = repeat  # --rescore without --against keeps the file's
+    hundred = payload.get("plan_100_cells")
     columns = [
         "model",
         "R",
