@@ -272,17 +272,19 @@ def Plan(
             + ")"
         )
     note = "given"
-    if isinstance(costs, str):
+
+    memory = planner.CachedMemory(model.Memory)
+
+    def Search(costs: Any) -> Any:
+        return planner.Search(
+            costs, rates, num_devices, memory_per_device, model.global_batch, memory, candidates
+        )
+
+    result = Search(flop_costs)  # what fits does not depend on the times: no profile yet
+    if isinstance(costs, str) and result.chosen is not None:
         costs, note = ChooseCosts(model, flop_costs, candidates, memory_per_device, costs)
-    result = planner.Search(
-        costs,
-        rates,
-        num_devices,
-        memory_per_device,
-        model.global_batch,
-        model.Memory,
-        candidates,
-    )
+        if costs is not flop_costs:
+            result = Search(costs)
     result.costs = costs
     result.costs_note = note
     if result.chosen is None:

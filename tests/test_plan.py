@@ -126,3 +126,30 @@ def test_calibrate_fits_the_costs_to_recorded_steps_of_the_best_pipeline():
         assert predicted == pytest.approx(cal.measured_step_s, rel=0.25)
     else:
         assert predicted >= cal.measured_step_s * 0.75
+
+
+def test_nothing_fits_is_said_before_any_cell_is_profiled(monkeypatch):
+    def Profiled(self, flop_costs, sizes):
+        raise AssertionError("profiled, though no candidate fits the cap")
+
+    monkeypatch.setattr(plan.RegisteredModel, "Profiled", Profiled)
+    model = plan.RegisteredModel("lm.TransformerLmTiny", None)
+    rates = planner.Rates(1e10, action_s=1e-4, bytes_per_s=1e10, latency_s=1e-5)
+    with pytest.raises(plan.PlanError, match=r"^--memory_per_device=1.0 MiB: no plan of "):
+        plan.Plan(model, 2, 2**20, rates, costs="profile")
+
+
+def test_a_second_search_reuses_each_candidate_s_memory_estimate():
+    calls = []
+
+    def Memory(c):
+        calls.append(c.Describe())
+        return [1] * c.num_stages
+
+    memory = planner.CachedMemory(Memory)
+    costs = planner.ModelCosts(flops=(1.0,) * 4, out_bytes=(4,) * 4, weight_bytes=(4,) * 4)
+    rates = planner.Rates(1e9, action_s=1e-5, bytes_per_s=1e9, latency_s=1e-6)
+    first = planner.Search(costs, rates, 2, 2**30, 8, memory)
+    assert len(calls) == first.searched == len(set(calls))
+    planner.Search(costs, rates, 2, 2**30, 8, memory)
+    assert len(calls) == first.searched

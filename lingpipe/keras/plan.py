@@ -340,11 +340,16 @@ def Plan(
         return [m.total for m in memory.PerDevice(nodes, sched, c.remat, batch_size)]
 
     rates = restrictions.get("rates") or planner.MeasureRates(names[0] if names else None)
-    costs, costs_note = PlanCosts(
-        graph, candidates, batch_size, cap, restrictions.get("costs", "auto"),
-        names[0] if names else None,
-    )  # fmt: skip
-    result = planner.Search(costs, rates, n, cap, batch_size, MemoryFn, candidates)
+    # What fits does not depend on the times: profile only where something fits.
+    memory_fn = planner.CachedMemory(MemoryFn)
+    result = planner.Search(ModelCosts(graph), rates, n, cap, batch_size, memory_fn, candidates)
+    costs_note = ""
+    if result.chosen is not None:
+        costs, costs_note = PlanCosts(
+            graph, candidates, batch_size, cap, restrictions.get("costs", "auto"),
+            names[0] if names else None,
+        )  # fmt: skip
+        result = planner.Search(costs, rates, n, cap, batch_size, memory_fn, candidates)
     if result.chosen is None:
         least = min(result.refused, key=lambda r: max(r.candidate.peak_bytes))
         need = report.Bytes(max(least.candidate.peak_bytes))

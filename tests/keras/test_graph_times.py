@@ -76,3 +76,12 @@ def test_an_unknown_costs_source_is_one_line():
         "lingpipe.keras.Plan: expected costs to be one of ('auto', 'profile', 'flops'), "
         "received 'fast'"
     )
+
+
+def test_nothing_fits_is_said_before_any_layer_call_is_profiled(monkeypatch):
+    def Profile(graph, sizes, repeats=5):
+        raise AssertionError("profiled, though no candidate fits the cap")
+
+    monkeypatch.setattr(graph_times, "Profile", Profile)
+    with pytest.raises(ValueError, match=r"^lingpipe.keras.Plan: memory_per_device=.* no plan"):
+        lpk.Plan(_Model(), devices=2, memory_per_device=256, batch_size=16, rates=RATES)

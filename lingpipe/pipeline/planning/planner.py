@@ -44,6 +44,7 @@ from lingpipe.pipeline.step import settings
 
 __all__ = [
     "ActionSeconds",
+    "CachedMemory",
     "Calibrated",
     "CalibrationProbes",
     "Candidate",
@@ -456,6 +457,22 @@ def Candidates(
                 continue
             out.append(Candidate(r, k, m, name, v, remat, ()))
     return out
+
+
+def CachedMemory(
+    memory_fn: Callable[[Candidate], Sequence[int]],
+) -> Callable[[Candidate], Sequence[int]]:
+    """`memory_fn`, each candidate's estimate computed once (by Describe(): its R, K, M,
+    schedule, remat and partition): what a second Search over other costs reuses."""
+    found: dict[str, Sequence[int]] = {}
+
+    def Memory(c: Candidate) -> Sequence[int]:
+        key = c.Describe()
+        if key not in found:
+            found[key] = memory_fn(c)
+        return found[key]
+
+    return Memory
 
 
 def Search(
