@@ -322,3 +322,33 @@ def test_fprop_under_a_callers_tape_still_runs_in_eval_and_training():
     with base_layer.EvalMode():
         y = pipe.FProp(pipe.theta, x)
     test_utils.AssertAllCloseToScale(y, pipe.FPropSequential(pipe.theta, x))
+
+
+def _Ancestors(op):
+    seen, todo = set(), [op]
+    while todo:
+        o = todo.pop()
+        for dep in [t.op for t in o.inputs] + list(o.control_inputs):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+@pytest.mark.parametrize("name,m", [("gpipe", 1), ("1f1b", 4), ("zero_bubble", 2)])
+def test_a_replayed_forward_waits_for_the_gradient_it_serves(name, m):
+    """Recomputed, stage 0's forward runs again in its backward only once stage 1's
+    backward has sent the gradient: run as soon as device 0 is free (right after its
+    forwards), it would hold the activations through stage 1's backward, as if kept."""
+    pipe = Pipeline([Mlp()] * 4, 2, m, "always", schedule=name)
+    x = tf.random.normal([8, DIMS])
+    step = lambda: pipe.ForwardBackward(pipe.theta, (x,), Loss).metrics  # noqa: E731
+    graph = tf.function(step, autograph=False).get_concrete_function().graph
+    ops = _ActionOps(graph)
+    first = "I" if name == "zero_bubble" else "B"
+    for mb in range(m):
+        replayed = [op for op in ops[(first, 0, mb)] if op.type == "Tanh"]
+        assert replayed, f"stage 0's {first} of micro-batch {mb} replays no Tanh"
+        served = set(ops[(first, 1, mb)])
+        for op in replayed:
+            assert _Ancestors(op) & served, f"{op.name} does not wait for stage 1's {first}"

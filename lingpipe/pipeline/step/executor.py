@@ -218,10 +218,23 @@ class _Step:
             self.kept[(s, m)] = (tape, outputs, objective)
         return tf.nest.flatten(outputs) + ([objective] if objective is not None else [])
 
+    def Replay(self, s: int, m: int) -> tuple[Any, Any, Any]:
+        """Forward's (tape, outputs, objective) again, for a backward whose forward kept
+        nothing. In a graph the replay waits for the gradient it serves (one of the next
+        stage's input gradients, taken through an op of this action): otherwise it
+        would run as soon as its device is free and hold the micro-batch's activations
+        through the later stages' backwards, what recomputation is meant to save."""
+        grads = [] if self.eager else self.input_grads.get((s + 1, m), [])
+        ready = [g for g in grads if isinstance(g, tf.Tensor)][:1]
+        with tf.control_dependencies([tf.identity(g) for g in ready]):
+            return self.Forward(s, m, self.context(s, m).Replay())
+
     def Gradients(self, s: int, m: int) -> tuple[list, list, dict]:
         """(input grads, weight grads, extra grads) of stage s on micro-batch m."""
         kept = self.kept.pop((s, m), None)
-        tape, outputs, objective = kept or self.Forward(s, m, self.context(s, m).Replay())
+        if kept is None:
+            kept = self.Replay(s, m)
+        tape, outputs, objective = kept
         stage, flat_in = self.stages[s], tf.nest.flatten(self.Inputs(s, m))
         if objective is not None:
             targets, dys = [objective], None
