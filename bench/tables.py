@@ -114,6 +114,17 @@ TITLES: dict[str, tuple[str, str, str]] = {
         "python bench/signal_sweep.py",
     ),
     "plan": ("The planner, predicted against measured", "", "python bench/plan.py"),
+    "plan_replay": (
+        "The planner's grid in part, after the replay fix",
+        "M in {1, 2}; gpipe, 1f1b and zero_bubble; remat never and always; the Keras "
+        "classifier and the 32k LM. Measured after a replayed forward was made to wait for "
+        "the gradient it serves (recomputation had saved no memory where the replay could "
+        "run early); `repeat` compares each configuration with the full grid above, "
+        "measured before.",
+        "python bench/plan.py --models=keras,lm32k --micro_batches=1,2 "
+        "--schedules=gpipe,1f1b,zero_bubble --remats=never,always --no_plan100 "
+        "--out=bench/results/plan_replay.json --against=bench/results/plan.json",
+    ),
     "gpu": ("GPU evidence", "See the GPU evidence section above.", "python bench/gpu.py"),
     "gpu_speed": ("GPU evidence", "", "python bench/gpu.py --sections=speed,precision"),
 }
@@ -127,6 +138,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "memory_err", "load", "error",
     ),
 }  # fmt: skip
+COLUMNS["plan_replay"] = COLUMNS["plan"]
 # Files with a page of their own, written by their script from the same JSON.
 ELSEWHERE = {
     "keras_conformance": "docs/keras_conformance.md (python bench/keras_conformance.py)",
