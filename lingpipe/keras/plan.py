@@ -238,12 +238,14 @@ def PlanCosts(
     cap: int,
     source: str = "auto",
     device: str | None = None,
+    flop_costs: planner.ModelCosts | None = None,
 ) -> tuple[planner.ModelCosts, str]:
     """(costs, a line saying which) for `source` (module doc): ModelCosts with each layer
     call's times profiled at the smallest and largest micro-batch of `candidates` on
-    `device` (default: where the model's weights are), or without (FLOPs at the rate)."""
+    `device` (default: where the model's weights are), or without (FLOPs at the rate):
+    `flop_costs`, ModelCosts(graph) when not given."""
     _CheckCosts(source)
-    flop_costs = ModelCosts(graph)
+    flop_costs = flop_costs or ModelCosts(graph)
     if source == "flops":
         return flop_costs, "FLOPs at the measured rate (costs='flops')"
     micro = sorted({-(-batch // c.num_micro_batches) for c in candidates})
@@ -341,15 +343,16 @@ def Plan(
 
     rates = restrictions.get("rates") or planner.MeasureRates(names[0] if names else None)
     # What fits does not depend on the times: profile only where something fits.
-    memory_fn = planner.CachedMemory(MemoryFn)
-    result = planner.Search(ModelCosts(graph), rates, n, cap, batch_size, memory_fn, candidates)
+    memory_fn, flop_costs = planner.CachedMemory(MemoryFn), ModelCosts(graph)
+    result = planner.Search(flop_costs, rates, n, cap, batch_size, memory_fn, candidates)
     costs_note = ""
     if result.chosen is not None:
         costs, costs_note = PlanCosts(
             graph, candidates, batch_size, cap, restrictions.get("costs", "auto"),
-            names[0] if names else None,
+            names[0] if names else None, flop_costs,
         )  # fmt: skip
-        result = planner.Search(costs, rates, n, cap, batch_size, memory_fn, candidates)
+        if costs is not flop_costs:
+            result = planner.Search(costs, rates, n, cap, batch_size, memory_fn, candidates)
     if result.chosen is None:
         least = min(result.refused, key=lambda r: max(r.candidate.peak_bytes))
         need = report.Bytes(max(least.candidate.peak_bytes))
