@@ -156,7 +156,7 @@ class RegisteredModel:
         task.CreateOptimizer()
         data = next(iter(task.CreateInputGenerator().Batches(1)))
         data = tf.nest.map_structure(tf.convert_to_tensor, data)
-        step = tf.function(lambda: task.TrainStep(data, 0).loss[0])
+        step = tf.function(lambda: task.TrainStep(data, 0).loss[0], autograph=False)
         return step, task.pipeline
 
     def Memory(self, c: Any) -> list[int]:

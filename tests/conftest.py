@@ -7,6 +7,13 @@ epsilon and image layout, whether tf.functions run eagerly, lingpipe's eval, rec
 and seed scopes): a test that changes one and leaves it changed fails in its teardown,
 naming it, and the setting is put back, so the tests after it on the same worker see
 what they would see alone.
+
+Grappler, TensorFlow's graph optimizer, is off in the test processes: optimizing graphs
+that a test runs once or twice took a quarter of the suite's time, and what the tests
+check (results equal to a reference computed the same way, order and placement read
+from the traced graph, errors) does not depend on it. Tests marked `grappler` run with
+it on (the traced equivalence grid, the concurrency tests, a real Keras model's fit),
+as do the trainer, the examples and the benchmarks, which the tests run as subprocesses.
 """
 
 import keras
@@ -16,6 +23,20 @@ import tensorflow as tf
 from lingpipe import base_layer, cluster, seeds, test_utils
 
 cluster.SetLogicalCpuDevices(8)
+tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+
+
+@pytest.fixture(autouse=True)
+def _grappler_where_marked(request):
+    """Grappler on for a test marked `grappler` (module doc), off again after it."""
+    if request.node.get_closest_marker("grappler") is None:
+        yield
+        return
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False})
+    try:
+        yield
+    finally:
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
 
 def _Settings():
@@ -23,6 +44,7 @@ def _Settings():
     policy = keras.mixed_precision.global_policy().name
     floatx, epsilon = keras.config.floatx(), keras.config.epsilon()
     layout, eager = keras.config.image_data_format(), tf.config.functions_run_eagerly()
+    optimizer = tf.config.optimizer.get_experimental_options()
     return {
         "keras.mixed_precision.global_policy()": (
             policy,
@@ -37,6 +59,10 @@ def _Settings():
         "tf.config.functions_run_eagerly()": (
             eager,
             lambda: tf.config.run_functions_eagerly(eager),
+        ),
+        "tf.config.optimizer.get_experimental_options()": (
+            optimizer,
+            lambda: tf.config.optimizer.set_experimental_options(optimizer),
         ),
         # Context managers' stacks: a test leaves them as it found them, or a scope leaked.
         "lingpipe.base_layer.DoEval()": (base_layer.DoEval(), None),

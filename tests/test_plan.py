@@ -101,12 +101,13 @@ def test_flops_where_asked_and_where_a_cell_is_too_big_to_profile():
 
 
 def test_calibrate_fits_the_costs_to_recorded_steps_of_the_best_pipeline():
-    model = plan.RegisteredModel("lm.TransformerLmTiny", None)
+    # A batch of 4: probes of M=2 and its twin at M=4, each quick to trace.
+    model = plan.RegisteredModel("lm.TransformerLmTiny", 4)
     rates = planner.Rates(1e10, action_s=1e-4, bytes_per_s=1e10, latency_s=1e-5)
     result = plan.Plan(model, 2, 2**30, rates, {"micro_batches": [2]}, costs="flops")
     costs, cal_rates, cal, line = plan.Calibrate(model, result, rates, 2, 1)
     best = next(c for c in result.ranked if c.num_stages > 1)
-    probes = planner.CalibrationProbes(best, result.costs, 32)
+    probes = planner.CalibrationProbes(best, result.costs, 4)
     assert line.startswith(f"calibrated on 1 step(s) each of {best.Describe()} (")
     assert f"; {probes[1].Describe()} (" in line and line.endswith(" ms per step")
     recorded = sum(len(a) for p in probes for a in planner.ScheduleOf(p).device_actions)
@@ -120,7 +121,7 @@ def test_calibrate_fits_the_costs_to_recorded_steps_of_the_best_pipeline():
     # Simulated with them, the pipeline takes about the measured makespan (two probes
     # fit two step costs exactly, but for a scale per device where the plan has their
     # mean), or more where the busy times alone already exceed it.
-    per_action = planner.ActionSeconds(best, costs, cal_rates, 32)
+    per_action = planner.ActionSeconds(best, costs, cal_rates, 4)
     predicted = simulate.Simulate(planner.ScheduleOf(best), per_action).makespan + cal.step_s
     if cal.step_overhead_s > 0 and cal.step_s > 0:
         assert predicted == pytest.approx(cal.measured_step_s, rel=0.25)

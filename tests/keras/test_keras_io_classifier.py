@@ -74,6 +74,7 @@ def _Classifier():
     return keras.Model(inputs, outputs)
 
 
+@pytest.mark.grappler
 @pytest.mark.slow
 def test_keras_io_transformer_classifier_fits_as_the_plain_model():
     rng = np.random.RandomState(0)

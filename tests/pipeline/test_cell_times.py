@@ -54,3 +54,22 @@ def test_a_long_kind_is_timed_once_and_a_short_one_as_copies_less_one(monkeypatc
     (f, i, w, b), _ = cell_times.UnitSeconds(run, cell.trainable_variables, (x,), repeats=1)
     # (4 x 2 ms - 3 ms - 2 ms) / 3: the 1 ms of call and copying cancelled.
     assert f == pytest.approx(0.001) and len(calls) == 8
+
+
+def test_cells_alike_are_profiled_once_and_each_keeps_its_line(monkeypatch):
+    timed = []
+    real = cell_times.UnitSeconds
+
+    def Counting(run, weights, args, repeats, copies=4):
+        timed.append(tuple(args[0].shape))
+        return real(run, weights, args, repeats, copies)
+
+    monkeypatch.setattr(cell_times, "UnitSeconds", Counting)
+    proj = linear.ProjectionLayer.Params().Set(input_dims=8, output_dims=8)
+    wide = linear.ProjectionLayer.Params().Set(input_dims=8, output_dims=16)
+    # Two alike (the same params, the same inputs), then one of another width.
+    cells = [proj.Copy(), proj.Copy(), wide]
+    parent = gpipe.PipeliningLayer.Params().Set(name="pipe", cell_tpl=cells)
+    times = cell_times.Profile(parent, cells, (tf.TensorSpec([8, 8]),), sizes=(2, 4), repeats=1)
+    assert timed == [(2, 8), (4, 8), (2, 8), (4, 8)]  # per size: the first cell, the wide one
+    assert len(times.forward) == 3 and times.forward[0] == times.forward[1]

@@ -109,6 +109,7 @@ def test_schedule_given_as_a_value_or_a_csv_file(tmp_path):
         AssertSameAsReference(pipe, (tf.random.normal([8, DIMS]),), rtol=1e-5)
 
 
+@pytest.mark.grappler
 @pytest.mark.parametrize("name,k,m,v,remat", TRACED)
 def test_mlp_grid_traced(name, k, m, v, remat):
     pipe = Pipeline([Mlp()] * 8, k, m, remat, schedule=name, num_virtual_stages=v)
@@ -262,6 +263,7 @@ def test_every_op_of_every_action_is_on_its_stage_device(name, v):
             assert all(w.device.endswith(device[-5:]) for w in getattr(pipe, f"cell_{i}").variables)
 
 
+@pytest.mark.grappler
 def test_stages_overlap_under_1f1b():
     pipe_barrier = _BarrierPipelineFor("1f1b")
     pipe, x = pipe_barrier

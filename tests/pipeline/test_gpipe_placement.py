@@ -122,6 +122,7 @@ def _BarrierPipeline(timeout):
     return pipe, x
 
 
+@pytest.mark.grappler
 def test_stages_work_on_different_micro_batches_at_the_same_time():
     pipe, x = _BarrierPipeline(timeout=60)
     for mode in (False, True):  # training (fill-drain) and eval (forward-only)

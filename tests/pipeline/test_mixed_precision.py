@@ -2,6 +2,7 @@
 reference in bfloat16; float16 with a loss scale that overflows skips the step."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from gpipe_cells import DIMS, Pipeline, Transformer
 
@@ -26,6 +27,7 @@ def _CrossStageTensors(graph):
     return found
 
 
+@pytest.mark.grappler
 def test_bfloat16_pipeline_equals_the_sequential_reference_in_bfloat16():
     cells = [Transformer() for _ in range(4)]
     pipe = Pipeline(cells, 2, 4, remat="except_last", schedule="1f1b", fprop_dtype=tf.bfloat16)
