@@ -277,7 +277,7 @@ class GraphMemory:
                     workspace=workspace,
                     peak_alive=sim.peak_alive[k],
                     events=tuple(events),
-                    alive_events=tuple(memory.ActivationEvents(sim, m, k, set(), 1, 0)),
+                    alive_events=tuple(memory.ActivationEvents(sim, m, k, set(), 1, 0, ramp=False)),
                     step_events=tuple(memory.StepEvents(sim, k, trainable, workspace)),
                 )
             )

@@ -312,3 +312,23 @@ def test_one_allocator_s_peak_is_the_stages_joint_peak_not_their_peaks_added():
     # Without step events (an estimate made before them): the sum of the devices.
     bare = [[dataclasses.replace(s, step_events=()) for s in ms] for ms in per_device]
     assert memory.HostMemory(bare) == 36
+
+
+def test_a_replay_builds_its_activations_as_it_runs_and_w_frees_what_it_reads_as_it_runs():
+    # Zero bubble, K=2, M=1 under unit costs, every stage recomputed: F0 [0, 1], F1 [1, 2],
+    # I1 [2, 3], then W1 [3, 4] beside I0 [3, 4], W0 [4, 5]. Each stage: a boundary of 10
+    # bytes (stage 1's), 100 of activations that a backward's replay makes, 60 of them
+    # and 20 of gradients that W reads.
+    sched = generators.Make("zero_bubble", 2, 1)
+    sim = simulate.Simulate(sched)
+    assert (sim.start[simulate.Action("I", 0, 0)], sim.start[simulate.Action("W", 1, 0)]) == (3, 3)
+    both = []
+    for k in range(2):
+        both += memory.ActivationEvents(sim, 1, k, set(), 10 * k, 100, 20, 60)
+    # I0 replays its forward in its first half (F / (F + I) of it): its 100 bytes are all
+    # there at 3.5, when W1 has freed half of its 80 (a quarter at 3.25, one at 3.5).
+    assert simulate.PeakOf(both) == 100 + 40
+    # Without the ramp (as the micro-batches alive are counted), W1 holds its 80 to its end.
+    stage_0 = memory.ActivationEvents(sim, 1, 0, set(), 0, 100, 20, 60)
+    stage_1 = memory.ActivationEvents(sim, 1, 1, set(), 10, 100, 20, 60, ramp=False)
+    assert simulate.PeakOf(stage_0 + stage_1) == 100 + 80

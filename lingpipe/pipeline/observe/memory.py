@@ -307,6 +307,10 @@ def Workspace(cells: Sequence[CellMemory]) -> int:
     return cells[-1].output_bytes + cells[0].input_bytes + largest
 
 
+# W frees what it reads as its ops run: in this many equal shares through its time.
+RAMP_STEPS = 4
+
+
 def ActivationEvents(
     sim: Any,
     num_micro_batches: int,
@@ -316,6 +320,7 @@ def ActivationEvents(
     internal: int,
     deferred: int = 0,
     weight_held: int | None = None,
+    ramp: bool = True,
 ) -> list[tuple[float, int]]:
     """(time, +bytes or -bytes) of the activations stage `stage` holds in the simulated
     time of `sim` (the schedule's simulate.Simulation).
@@ -324,14 +329,18 @@ def ActivationEvents(
     (the forward's own end in a forward-only schedule) and holds `boundary`, plus
     `internal` (StageActivations of one micro-batch) when it is in `kept`, the (stage,
     micro-batch) pairs whose forward keeps its activations. The backward of one that is
-    not kept replays its forward and holds `internal` while it runs.
+    not kept replays its forward first and holds `internal` from the replay's end to the
+    backward's end: the replay builds them up as it runs, and takes the share F / (F +
+    the backward) of the backward's simulated time.
 
     Where the backward is split into I and W, I turns what it alone reads of the
-    activations into the gradients that W reads: from I's end to W's end, `weight_held`
-    bytes of the activations (WeightHeld: what W reads; None: all of them) and
-    `deferred` bytes (the stage's CellMemory.deferred_bytes) are alive. Within I, as
-    within a B, one cell's backward's transients are not counted: a softmax's
-    probabilities, read by I alone, give way to the logits' gradient, read by W.
+    activations into the gradients that W reads: from I's end, `weight_held` bytes of
+    the activations (WeightHeld: what W reads; None: all of them) and `deferred` bytes
+    (the stage's CellMemory.deferred_bytes) are alive, and W frees them as its ops read
+    them: a share at each of RAMP_STEPS points through W, the last at its end (with
+    `ramp`; all at W's end without). Within I, as within a B, one cell's backward's
+    transients are not counted: a softmax's probabilities, read by I alone, give way to
+    the logits' gradient, read by W.
     """
     events = []
     for m in range(num_micro_batches):
@@ -344,10 +353,17 @@ def ActivationEvents(
         events += [(sim.start[Action(FORWARD, stage, m)], held), (freed, -held)]
         if last.kind != FORWARD and (stage, m) not in kept:
             first_back = split if is_split else last
-            events += [(sim.start[first_back], internal), (freed, -internal)]
+            start, end = sim.start[first_back], sim.end[first_back]
+            f = sim.end[Action(FORWARD, stage, m)] - sim.start[Action(FORWARD, stage, m)]
+            replayed = start + (end - start) * f / max(f + end - start, 1e-12)
+            events += [(replayed, internal), (freed, -internal)]
         if is_split:
             after = (boundary + internal if weight_held is None else weight_held) + deferred
-            events += [(freed, after), (sim.end[last], -after)]
+            steps = RAMP_STEPS if ramp else 1
+            start, end = sim.start[last], sim.end[last]
+            shares = [after * (i + 1) // steps - after * i // steps for i in range(steps)]
+            events += [(freed, after)]
+            events += [(start + (end - start) * (i + 1) / steps, -b) for i, b in enumerate(shares)]
     return events
 
 
@@ -496,7 +512,7 @@ def Estimate(
         events = ActivationEvents(
             sim, sched.num_micro_batches, k, kept, boundary, internal, deferred, for_w
         )
-        alive = ActivationEvents(sim, sched.num_micro_batches, k, set(), 1, 0)
+        alive = ActivationEvents(sim, sched.num_micro_batches, k, set(), 1, 0, ramp=False)
         out.append(
             StageMemory(
                 weights=sum(c.weight_bytes for c in mine),
