@@ -664,7 +664,8 @@ def _Group(r: dict, group: str):
 def Picks(rows: list) -> list:
     """Per model and two caps (the 25% and 75% quantiles of the rows' largest device
     estimate): the planner's pick by the calibrated prediction among the rows whose
-    estimate fits, against the best measured of those rows."""
+    estimate fits, against the best measured of those rows; the pick's measured total
+    memory (one allocator for both devices) and the estimate's error on it."""
     picks = []
     for model in sorted({r["model"] for r in rows}):
         ok = [r for r in rows if r["model"] == model and "error" not in r]
@@ -685,7 +686,11 @@ def Picks(rows: list) -> list:
                     pick_measured_s=pick["measured_s"],
                     best_measured_s=best["measured_s"],
                     pick_vs_best=pick["measured_s"] / best["measured_s"] - 1,
+                    # The two devices share one allocator here: its total, and the
+                    # estimate's error on that total (the per-device figures that the
+                    # cap bounds come from the same estimate).
                     pick_measured_mib=pick["measured_mib"],
+                    pick_memory_err=pick["memory_err"],
                 )
             )
     return picks

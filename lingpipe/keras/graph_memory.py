@@ -34,6 +34,7 @@ from lingpipe.keras import graph as graph_lib
 from lingpipe.pipeline.observe import memory
 from lingpipe.pipeline.schedules import simulate
 from lingpipe.pipeline.schedules.schedule import Schedule
+from lingpipe.pipeline.step import executor
 from lingpipe.pipeline.step import remat as remat_lib
 
 __all__ = [
@@ -114,7 +115,7 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int]:
             dys = [tf.ones(y.shape, y.dtype) for y in ys]
             grads = tf.gradients(ys, xs + list(variables), grad_ys=dys)
         backward = [op for op in g.get_operations() if op not in forward]
-        weight_only = memory.WeightOnlyOps(backward, grads[: len(xs)], grads[len(xs) :])
+        weight_only = set(executor.WeightOnlyOps(backward, grads[: len(xs)], grads[len(xs) :]))
         deferred = memory.DeferredBytes(backward, weight_only)
         found.update(forward=forward, args=args, outputs=outputs, backward=backward)
         found.update(weight_only=weight_only, deferred=deferred)

@@ -14,7 +14,9 @@ Per stage:
   read (a matmul's output gradient dz for x^T dz), computed by I and held for W
   (`CellMemory.deferred_bytes`), from I's end. They peak together with the activations.
   What I alone reads of the activations (a softmax's probabilities, a ReLU's output) is
-  freed when I ends; what W reads (a matmul's input x) is held to W's end (`WeightHeld`).
+  freed when I ends; what W reads (a matmul's input x) is held until W reads it
+  (`WeightHeld`): W frees it as its ops run. Which ops W runs is the executor's own rule
+  (lingpipe.pipeline.step.executor.WeightOnlyOps).
 
 A cell's activations are measured, not guessed: `TraceCells` builds each cell in a
 throw-away graph (no memory is allocated, so a model too big for the machine can be
@@ -38,7 +40,7 @@ from lingpipe import base_layer, hyperparams, optimizers
 from lingpipe.pipeline.planning import costs
 from lingpipe.pipeline.schedules import simulate
 from lingpipe.pipeline.schedules.schedule import BACKWARD_INPUT, FORWARD, Action, Schedule
-from lingpipe.pipeline.step import micro_batch
+from lingpipe.pipeline.step import executor, micro_batch
 from lingpipe.pipeline.step import remat as remat_lib
 
 __all__ = [
@@ -59,7 +61,6 @@ __all__ = [
     "TraceCells",
     "TracedFor",
     "WeightHeld",
-    "WeightOnlyOps",
     "Workspace",
 ]
 
@@ -158,7 +159,8 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
             dys = [_Placeholder(y) for y in flat_out]
             grads = tf.gradients(flat_out, flat_in + trainable, grad_ys=dys)
         backward = [op for op in graph.get_operations() if op not in forward]
-        weight_only = WeightOnlyOps(backward, grads[: len(flat_in)], grads[len(flat_in) :])
+        n = len(flat_in)
+        weight_only = set(executor.WeightOnlyOps(backward, grads[:n], grads[n:]))
         deferred = DeferredBytes(backward, weight_only)
         saved = _Read(backward, forward)  # {tensor: bytes}: the forward tensors the backward reads
         for_weights = _Read(weight_only, forward)
@@ -192,24 +194,6 @@ def _Read(ops: Any, forward: set) -> dict:
             if src.op in forward and src.op.type not in _NOT_ACTIVATIONS:
                 read[src.ref()] = _Bytes(src)
     return read
-
-
-def _Ancestors(tensors: Sequence[Any], within: set) -> set:
-    seen, todo = set(), [t.op for t in tensors if t is not None]
-    while todo:
-        op = todo.pop()
-        if op in seen or op not in within:
-            continue
-        seen.add(op)
-        todo.extend(t.op for t in op.inputs)
-    return seen
-
-
-def WeightOnlyOps(backward: list, input_grads: list, weight_grads: list) -> set:
-    """The ops of `backward` that the weights' gradients need and the inputs' do not:
-    those the executor's I holds back for its W."""
-    within = set(backward)
-    return _Ancestors(weight_grads, within) - _Ancestors(input_grads, within)
 
 
 def DeferredBytes(backward: list, weight_only: set) -> int:

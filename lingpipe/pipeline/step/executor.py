@@ -71,6 +71,7 @@ __all__ = [
     "Result",
     "Run",
     "Stage",
+    "WeightOnlyOps",
 ]
 
 
@@ -280,7 +281,7 @@ class _Step:
         if graph is not None:
             created = graph.get_operations()[first:]
             weight_only = gradient_sums.Tensors(weight_grads + list(extra_grads.values()))
-            held = _WeightOnlyOps(created, input_grads, weight_only)
+            held = WeightOnlyOps(created, input_grads, weight_only)
         self.input_grads[(s, m)] = ctx.annotate(input_grads)
         self.pending[(s, m)] = (ctx.annotate(weight_grads), extra_grads, held)
         return [g for g in self.input_grads[(s, m)] if g is not None]
@@ -308,8 +309,10 @@ def _Ancestors(tensors: list, within: set) -> set:
     return seen
 
 
-def _WeightOnlyOps(created: list, input_grads: list, weight_grads: list) -> list:
-    """The ops among `created` that the weight gradients need and the input gradients do not."""
+def WeightOnlyOps(created: Sequence[Any], input_grads: list, weight_grads: list) -> list:
+    """The ops among `created` (a backward's) that the weight gradients need and the input
+    gradients do not: what I holds back for W. The memory estimate reads the same ops
+    (lingpipe.pipeline.observe.memory)."""
     within = set(created)
     needed_for_inputs = _Ancestors(input_grads, within)
     return [op for op in _Ancestors(weight_grads, within) if op not in needed_for_inputs]
