@@ -115,7 +115,7 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int]:
             dys = [tf.ones(y.shape, y.dtype) for y in ys]
             grads = tf.gradients(ys, xs + list(variables), grad_ys=dys)
         backward = [op for op in g.get_operations() if op not in forward]
-        weight_only = set(executor.WeightOnlyOps(backward, grads[: len(xs)], grads[len(xs) :]))
+        weight_only = executor.WeightOnlyOps(backward, grads[: len(xs)], grads[len(xs) :])
         deferred = memory.DeferredBytes(backward, weight_only)
         found.update(forward=forward, args=args, outputs=outputs, backward=backward)
         found.update(weight_only=weight_only, deferred=deferred)

@@ -160,7 +160,7 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
             grads = tf.gradients(flat_out, flat_in + trainable, grad_ys=dys)
         backward = [op for op in graph.get_operations() if op not in forward]
         n = len(flat_in)
-        weight_only = set(executor.WeightOnlyOps(backward, grads[:n], grads[n:]))
+        weight_only = executor.WeightOnlyOps(backward, grads[:n], grads[n:])
         deferred = DeferredBytes(backward, weight_only)
         saved = _Read(backward, forward)  # {tensor: bytes}: the forward tensors the backward reads
         for_weights = _Read(weight_only, forward)

@@ -309,13 +309,12 @@ def _Ancestors(tensors: list, within: set) -> set:
     return seen
 
 
-def WeightOnlyOps(created: Sequence[Any], input_grads: list, weight_grads: list) -> list:
+def WeightOnlyOps(created: Sequence[Any], input_grads: list, weight_grads: list) -> set:
     """The ops among `created` (a backward's) that the weight gradients need and the input
     gradients do not: what I holds back for W. The memory estimate reads the same ops
     (lingpipe.pipeline.observe.memory)."""
     within = set(created)
-    needed_for_inputs = _Ancestors(input_grads, within)
-    return [op for op in _Ancestors(weight_grads, within) if op not in needed_for_inputs]
+    return _Ancestors(weight_grads, within) - _Ancestors(input_grads, within)
 
 
 def Run(
