@@ -103,3 +103,16 @@ def test_replica_devices_scope_the_stage_devices_of_pipelines_built_within():
     assert pipe.devices == ["/device:CPU:6", "/device:CPU:7"]
     assert pipe.cell_1.vars.w.device.endswith("CPU:7")
     assert cluster.StageDevices(2) == ["/device:CPU:0", "/device:CPU:1"]  # restored
+
+
+def test_the_cpu_allocator_counts_small_tensors_too():
+    # oneDNN's default CPU allocator counts only allocations of 256 KiB and up in its
+    # statistics: a micro-batch's activations would be missing from a measured peak.
+    import tensorflow as tf
+
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    with tf.device("/device:CPU:1"):
+        held = [tf.fill([16 * 1024], float(i)) for i in range(16)]  # 64 KiB each
+    grown = tf.config.experimental.get_memory_info("CPU:0")["current"] - before
+    assert grown >= 16 * 64 * 1024, grown
+    del held
