@@ -306,11 +306,9 @@ def test_one_allocator_s_peak_is_the_stages_joint_peak_not_their_peaks_added():
         )
     per_device = [[stages[0]], [stages[1]]]
     assert [memory.DeviceMemory(ms).total for ms in per_device] == [18, 18]
-    # At 2: both stages' activations and stage 1's workspace: 13. Through B1 (shares at
-    # 2.5, 3, 3.5, 4) each cell's activations give way to its gradients: 5 freed, 4 made.
-    # Through B0 the same: never more than 13. Plus 12 of weights and slots. (Counting
-    # the activations to B1's end and the gradients from its start gave 17.)
-    assert memory.HostMemory(per_device) == 12 + 13
+    # In [2, 4): both stages' activations, stage 1's gradients and workspace: 17; after
+    # 4, stage 1's activations and workspace are freed: 16. Plus 12 of weights and slots.
+    assert memory.HostMemory(per_device) == 12 + 17
     # Without step events (an estimate made before them): the sum of the devices.
     bare = [[dataclasses.replace(s, step_events=()) for s in ms] for ms in per_device]
     assert memory.HostMemory(bare) == 36

@@ -313,11 +313,9 @@ def ActivationEvents(
     (the forward's own end in a forward-only schedule) and holds `boundary`, plus
     `internal` (StageActivations of one micro-batch) when it is in `kept`, the (stage,
     micro-batch) pairs whose forward keeps its activations. The backward of one that is
-    not kept replays its forward first and holds `internal` from the replay's end: the
-    replay builds them up as it runs, and takes the share F / (F + the backward) of the
-    backward's simulated time. A whole backward (B) frees what the micro-batch holds
-    as it passes each cell: a share at each of RAMP_STEPS points from its start (or
-    its replay's end) to its end (with `ramp`; all at its end without).
+    not kept replays its forward first and holds `internal` from the replay's end to the
+    backward's end: the replay builds them up as it runs, and takes the share F / (F +
+    the backward) of the backward's simulated time.
 
     Where the backward is split into I and W, I turns what it alone reads of the
     activations into the gradients that W reads: from I's end, `weight_held` bytes of
@@ -336,33 +334,21 @@ def ActivationEvents(
         is_split = split in sim.start and last != split
         # The activations are held to the end of the backward, or of I where split.
         freed = sim.end[split] if is_split else sim.end[last]
-        events += [(sim.start[Action(FORWARD, stage, m)], held)]
-        first_back = split if is_split else last
-        start, end = sim.start[first_back], sim.end[first_back]
-        replayed = start
+        events += [(sim.start[Action(FORWARD, stage, m)], held), (freed, -held)]
         if last.kind != FORWARD and (stage, m) not in kept:
+            first_back = split if is_split else last
+            start, end = sim.start[first_back], sim.end[first_back]
             f = sim.end[Action(FORWARD, stage, m)] - sim.start[Action(FORWARD, stage, m)]
             replayed = start + (end - start) * f / max(f + end - start, 1e-12)
-            events += [(replayed, internal)]
-            held += internal
-        if ramp and last.kind != FORWARD and not is_split:
-            events += _Ramp(held, replayed, freed)  # B frees each cell's as it passes it
-        else:
-            events += [(freed, -held)]
+            events += [(replayed, internal), (freed, -internal)]
         if is_split:
             after = (boundary + internal if weight_held is None else weight_held) + deferred
+            steps = RAMP_STEPS if ramp else 1
+            start, end = sim.start[last], sim.end[last]
+            shares = [after * (i + 1) // steps - after * i // steps for i in range(steps)]
             events += [(freed, after)]
-            w_start, w_end = sim.start[last], sim.end[last]
-            events += _Ramp(after, w_start, w_end) if ramp else [(w_end, -after)]
+            events += [(start + (end - start) * (i + 1) / steps, -b) for i, b in enumerate(shares)]
     return events
-
-
-def _Ramp(nbytes: int, start: float, end: float, sign: int = -1) -> list[tuple[float, int]]:
-    """`sign` * `nbytes` in RAMP_STEPS equal shares through [start, end], the last at
-    `end`: what an action allocates (+1) or frees (-1) as its ops run."""
-    shares = [nbytes * (i + 1) // RAMP_STEPS - nbytes * i // RAMP_STEPS for i in range(RAMP_STEPS)]
-    at = [start + (end - start) * (i + 1) / RAMP_STEPS for i in range(RAMP_STEPS)]
-    return [(t, sign * b) for t, b in zip(at, shares) if b]
 
 
 def DeviceMemory(stages: Sequence[StageMemory]) -> StageMemory:
@@ -382,16 +368,13 @@ def DeviceMemory(stages: Sequence[StageMemory]) -> StageMemory:
 
 
 def StepEvents(sim: Any, stage: int, gradients: int, workspace: int) -> list[tuple[float, int]]:
-    """(time, +bytes or -bytes) in `sim` of stage `stage`'s gradients and workspace
-    (while each of its backward actions runs). The running sum of the gradients starts
-    as the first micro-batch's, made cell by cell by the first action that computes
-    weight gradients (B, or W where split): a share at each of RAMP_STEPS points
-    through it, then alive to the step's end."""
+    """(time, +bytes or -bytes) in `sim` of stage `stage`'s gradients (from the start of
+    its first backward action to the step's end) and workspace (while each of its
+    backward actions runs)."""
     backs = [a for a in sim.start if a.stage == stage and a.kind != FORWARD]
     if not backs:
         return []
-    first = min((a for a in backs if a.kind != BACKWARD_INPUT), key=lambda a: sim.start[a])
-    events = _Ramp(gradients, sim.start[first], sim.end[first], sign=+1)
+    events = [(min(sim.start[a] for a in backs), gradients)]
     for a in backs:
         events += [(sim.start[a], workspace), (sim.end[a], -workspace)]
     return events
