@@ -238,6 +238,29 @@ def Measure(step, steps: int, warm: int = 2) -> tuple[float, float, int]:
     return statistics.median(seconds), min(seconds), peak
 
 
+def ProfiledPeak(step) -> tuple[int, int]:
+    """(the most bytes the CPU allocator held, the most its tensors asked for) over one
+    more step, profiled (lingpipe.pipeline.observe.allocations): the second leaves out
+    the BFC allocator's unsplit chunks, which the first and Measure's peak count."""
+    import tempfile
+
+    import tensorflow as tf
+
+    from lingpipe.pipeline.observe import allocations, timeline
+
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            step().numpy()
+        finally:
+            tf.profiler.experimental.stop()
+        peaks = allocations.Peaks(timeline.ReadXSpace(timeline.LatestProfile(logdir)))
+    if not peaks:
+        return 0, 0
+    cpu = max(peaks.values(), key=lambda p: p.peak_bytes)
+    return cpu.peak_bytes, cpu.requested_bytes
+
+
 def Calibrate(pipe_p, inputs, loss_fn, costs, rates, c, batch):
     """A calibration (lingpipe.pipeline.planning.calibrate) from 3 recorded steps of each
     of planner.CalibrationProbes(c): c and its 1F1B twin at another M."""
@@ -340,6 +363,7 @@ def Row(
         per_device, host = EstimateDevices(pipe_p, inputs, c, traced)
         step, _ = BuildStep(pipe_p, inputs, loss_fn, c)
         seconds, best, peak = Measure(step, steps)
+        profiled = ProfiledPeak(step)
     except Exception as e:  # noqa: BLE001 (a row of the table, not the end of the run)
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         return row
@@ -348,7 +372,18 @@ def Row(
     _Measured(
         row, c.replicas, predicted, calibrated, seconds, best, per_device, host, peak - before
     )
+    _Tensors(row, profiled, before)
     return row
+
+
+def _Tensors(row: dict, profiled: tuple[int, int], before: int) -> None:
+    """The profiled step's peak (chunks) and its tensors' (requested), above `before`, and
+    the estimate's error against the tensors: what it counts, without the allocator's
+    slack."""
+    if profiled[1]:
+        row["profiled_mib"] = (profiled[0] - before) / 2**20
+        row["tensors_mib"] = (profiled[1] - before) / 2**20
+        row["tensors_err"] = row["predicted_mib"] / row["tensors_mib"] - 1
 
 
 def _Measured(row, replicas, predicted, calibrated, seconds, best, per_device, host, used):
@@ -478,13 +513,16 @@ def KerasChild(cfg: dict, steps: int) -> dict:
                 optimizer=keras.optimizers.Adam(1e-4),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             )
-            seconds, best, peak = Measure(lambda p=piped: _Loss(p.train_on_batch(x, y)), steps)
+            step = lambda p=piped: _Loss(p.train_on_batch(x, y))  # noqa: E731
+            seconds, best, peak = Measure(step, steps)
+            profiled = ProfiledPeak(step)
         except Exception as e:  # noqa: BLE001 (a row of the table, not the end of the run)
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             rows.append(row)
             continue
         predicted = planner.PredictSeconds(c, costs, rates, batch)
         _Measured(row, 1, predicted, predicted, seconds, best, per_device, host, peak - before)
+        _Tensors(row, profiled, before)
         # The same step predicted from FLOPs at the measured rate, beside the profile.
         row["flops_s"] = planner.PredictSeconds(c, keras_plan.ModelCosts(graph), rates, batch)
         row["flops_err"] = row["flops_s"] / seconds - 1
@@ -599,11 +637,14 @@ def SummaryRows(rows: list) -> list:
             ("predicted_err_best", "step_vs_least"),
             ("flops_err", "step_flops"),
             ("memory_err", "memory"),
+            ("tensors_err", "tensors"),
         ):
             if key in s:
                 row[f"{name}_median"] = s[key]["median"]
                 row[f"{name}_worst"] = s[key]["worst"]
         row["memory_most_below"] = s["memory_err"]["most_below"]
+        if "tensors_err" in s:
+            row["tensors_most_below"] = s["tensors_err"]["most_below"]
         if "measured_s" in noise:
             row["noise_median"] = noise["measured_s"]["median"]
             row["noise_worst"] = noise["measured_s"]["worst"]
@@ -621,12 +662,14 @@ def Summary(rows: list) -> dict:
         "predicted_err", "calibrated_err", "predicted_err_best", "calibrated_err_best",
         "flops_err",
     )  # fmt: skip
-    for key in keys + ("memory_err",):
+    for key in keys + ("memory_err", "tensors_err"):
         errs = sorted(abs(r[key]) for r in ok if key in r)
         if errs:
             out[key] = dict(median=statistics.median(errs), worst=errs[-1], n=len(errs))
+    for key in ("memory_err", "tensors_err"):
+        if key in out:
+            out[key]["most_below"] = min(r[key] for r in ok if key in r)
     if ok:
-        out["memory_err"]["most_below"] = min(r["memory_err"] for r in ok)
         loads = [r["load"] for r in ok if "load" in r]
         if loads:
             out["load"] = dict(min=min(loads), median=statistics.median(loads), max=max(loads))

@@ -10,7 +10,9 @@ graph's layer calls (nodes) as the units:
   its nodes' backwards read; alive per the schedule (memory.ActivationEvents over the
   simulated schedule, remat.Kept for the policy); a device sums its stages'
   (memory.DeviceMemory);
-- workspace: a backward's transients for one micro-batch, as memory.Workspace counts.
+- workspace: a backward's transients for one micro-batch, as memory.Workspace counts
+  them: the largest of the gradients passed across the stage and each node's own
+  (memory.Transients over its traced gradient ops), and the largest weight gradient.
 
 What a node's backward reads is found, not guessed: `TraceNodes` traces each node's
 forward and its tf.gradients in a tf.function that never runs (nothing is allocated)
@@ -67,6 +69,9 @@ class NodeMemory:
         weight-only gradient ops read (held from a split backward's I to its W).
       deferred_bytes: the gradients its weight-only gradient ops read from the rest of
         its backward, per example (memory.CellMemory.deferred_bytes).
+      backward_transient_bytes: the most its backward holds at once beyond its saved
+        activations, weight-only ops left out, per example
+        (memory.CellMemory.backward_transient_bytes).
     """
 
     saved_args: tuple
@@ -78,6 +83,7 @@ class NodeMemory:
     weight_outputs: tuple = ()
     weight_internal_bytes: int = 0
     deferred_bytes: int = 0
+    backward_transient_bytes: int = 0
 
 
 def _Source(t: tf.Tensor) -> tf.Tensor:
@@ -96,11 +102,12 @@ def _VariableBytes(variables: Sequence[Any]) -> int:
     return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables)
 
 
-def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int]:
+def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int, int]:
     """What the node's gradient ops read, traced for `specs` without running: (all of
     them, the weight-only ones), each as (argument positions, output positions, other
-    bytes); and the bytes of the gradients that the weight-only ops read from the rest
-    (held from a split backward's I to its W, as memory.CellMemory.deferred_bytes)."""
+    bytes); the bytes of the gradients that the weight-only ops read from the rest
+    (held from a split backward's I to its W, as memory.CellMemory.deferred_bytes); and
+    the backward's transients (memory.Transients)."""
     call, variables = graph_lib.NodeCall(node), graph_lib.TrainableVariables(node)
     found: dict = {}
 
@@ -110,7 +117,7 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int]:
         forward = set(g.get_operations())
         ys = [y for y in outputs if y.dtype.is_floating]
         xs = [x for x in args if x.dtype.is_floating]
-        grads = []
+        grads, dys = [], []
         if ys and xs + list(variables):
             dys = [tf.ones(y.shape, y.dtype) for y in ys]
             grads = tf.gradients(ys, xs + list(variables), grad_ys=dys)
@@ -119,6 +126,15 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int]:
         deferred = memory.DeferredBytes(backward, weight_only)
         found.update(forward=forward, args=args, outputs=outputs, backward=backward)
         found.update(weight_only=weight_only, deferred=deferred)
+        held = {
+            _Source(t).ref(): _Source(t)
+            for op in backward for t in op.inputs
+            if _Source(t).op in forward and _Source(t).op.type not in _NOT_ACTIVATIONS
+        }  # fmt: skip
+        dxs = {_Source(d).ref() for d in grads[: len(xs)] if d is not None}
+        found["transient"] = memory.Transients(
+            backward, dxs, weight_only, held=list(held.values()), received=dys
+        )
         return 0
 
     # Traced, never run; Keras layers need no autograph (and it costs most of a trace).
@@ -142,7 +158,8 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int]:
                     other[t.ref()] = _Bytes(t)
         return tuple(sorted(args)), tuple(sorted(outs)), sum(other.values())
 
-    return Read(found["backward"]), Read(found["weight_only"]), found["deferred"]
+    saved = Read(found["backward"]), Read(found["weight_only"])
+    return saved + (found["deferred"], found["transient"])
 
 
 def WeightBytes(graph: graph_lib.Graph, trainable: bool = False) -> list[int]:
@@ -176,7 +193,7 @@ def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> li
             ) from None
         if key is not None:
             traced[key] = saved
-        (args, outs, internal), (w_args, w_outs, w_internal), deferred = saved
+        (args, outs, internal), (w_args, w_outs, w_internal), deferred, transient = saved
         out.append(
             NodeMemory(
                 saved_args=tuple(k for j, k in enumerate(node.arg_keys) if j in args),
@@ -188,6 +205,7 @@ def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> li
                 weight_outputs=tuple(k for j, k in enumerate(node.out_keys) if j in w_outs),
                 weight_internal_bytes=w_internal,
                 deferred_bytes=deferred,
+                backward_transient_bytes=transient,
             )
         )
     return out
@@ -264,11 +282,8 @@ class GraphMemory:
                 sim, m, k, kept, boundary, internal, deferred, min(held, boundary + internal)
             )
             trainable = sum(n.trainable_bytes for n in mine)
-            workspace = (
-                (sent + received + max(n.trainable_bytes for n in mine))
-                if sched.has_backward
-                else 0
-            )
+            passing = max([sent + received] + [rows * n.backward_transient_bytes for n in mine])
+            workspace = passing + max(n.trainable_bytes for n in mine) if sched.has_backward else 0
             out.append(
                 memory.StageMemory(
                     weights=sum(n.weight_bytes for n in mine),

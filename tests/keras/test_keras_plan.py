@@ -168,6 +168,32 @@ def test_a_split_backward_holds_what_w_reads_and_the_gradients_i_made_for_it():
     ]  # fmt: skip
 
 
+class Wide(keras.layers.Layer):
+    """One layer call, 8 -> 64 (ReLU) -> 8: its backward passes a gradient 8 times
+    wider than the ones it receives and sends."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.up, self.down = keras.layers.Dense(64, activation="relu"), keras.layers.Dense(8)
+
+    def call(self, x):
+        return self.down(self.up(x))
+
+
+def test_the_workspace_holds_the_widest_gradient_a_layer_call_passes_on():
+    x = keras.Input((8,))
+    model = keras.Model(x, keras.layers.Dense(3)(Wide()(x)))
+    graph = graph_lib.Trace(model)
+    nodes = graph_memory.TraceNodes(graph)
+    # Per example: the [64] gradient between the two Dense layers and one [8] at once
+    # (ReluGrad writes into the gradient it reads last).
+    assert nodes[0].backward_transient_bytes == (64 + 8) * 4
+    memory = graph_memory.GraphMemory(graph, nodes, 0)
+    (stage, _) = memory.Stages([[0], [1]], generators.Make("gpipe", 2, 1), "never", 16)
+    weights = (8 * 64 + 64 + 64 * 8 + 8) * 4
+    assert stage.workspace == 16 * (64 + 8) * 4 + weights
+
+
 def test_an_explicit_knob_beside_a_plan_wins_and_warns():
     model = _Mlp()
     plan = _Plan(model, num_stages=2, num_micro_batches=4)

@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 from lingpipe import optimizers
-from lingpipe.layers import gpipe, linear
+from lingpipe.layers import feedforward, gpipe, linear
 from lingpipe.pipeline.observe import memory
 from lingpipe.pipeline.schedules import generators, simulate
 from lingpipe.pipeline.step import micro_batch
@@ -232,6 +232,37 @@ def test_a_cell_counts_the_gradients_its_weight_ops_wait_for():
     # I, reads the ReLU's output, freed when I ends.
     assert (traced.weight_input_saved_bytes, traced.weight_saved_bytes) == (ACT, 0)
     assert (traced.input_saved_bytes, traced.saved_bytes) == (ACT, ACT)
+
+
+def test_the_workspace_holds_the_widest_gradient_a_cell_s_backward_passes_on():
+    # A feed-forward cell 8 -> 64 (ReLU) -> 8 on 16 rows receives and sends gradients of
+    # [16, 8] (512 bytes) but passes [16, 64] (4096) between its two layers: its
+    # backward holds that and one [16, 8] gradient at once; ReluGrad writes into the
+    # gradient it reads last (in place, nothing added). Then its weights' gradient.
+    cell = feedforward.FeedForwardNet.Params().Set(
+        name="ffn", input_dims=8, hidden_layer_dims=[64, 8], activation=["RELU", "NONE"]
+    )
+    p = gpipe.PipeliningLayer.Params().Set(name="pipe", cell_tpl=[cell], input_shapes=[[16, 8]])
+    (traced,) = memory.TracedFor(p, [cell], ([16, 8],), 1)
+    assert traced.backward_transient_bytes == 4096 + 512
+    weights = (8 * 64 + 64 + 64 * 8 + 8) * 4
+    assert memory.Workspace([traced]) == 4096 + 512 + weights
+
+
+def test_transients_pass_a_buffer_to_an_element_wise_op_that_reads_it_last():
+    graph = tf.Graph()
+    with graph.as_default():
+        dy = tf.compat.v1.placeholder(tf.float32, [256])  # received: 1 KiB
+        a = tf.tile(dy, [4])  # 4 KiB; dy freed after
+        b = tf.nn.relu(a)  # reads a last: in place
+        c = tf.concat([b, b], 0)  # 8 KiB, with b alive
+        d = tf.reduce_sum(c)
+        ops = [op for op in graph.get_operations() if op is not dy.op]
+        assert memory.Transients(ops, {d.ref()}, received=[dy]) == 4096 + 8192
+        # With `a` read again after the concat, b needs a buffer of its own.
+        e = a + 1.0
+        ops = [op for op in graph.get_operations() if op is not dy.op]
+        assert memory.Transients(ops, {d.ref(), e.ref()}, received=[dy]) == 2 * 4096 + 8192
 
 
 # Split backward (zero bubble, K=2, M=4; one unit per F, I, W):

@@ -8,7 +8,13 @@ Per stage:
 - activations: what the step keeps alive for the backward under the schedule and the
   remat policy: the peak over the schedule's simulated time of what the micro-batches
   hold (`ActivationEvents`).
-- workspace: a backward's transients for one micro-batch (`Workspace`).
+- workspace: what one micro-batch's backward makes and frees within its action, beyond
+  the activations: the gradients passed from op to op (at least those of the stage's
+  outputs, received, and inputs, sent on) and the largest weight gradient before it
+  joins the sum. Each cell's is found by walking its traced gradient ops in order, each
+  tensor alive from its op to its last reader, an element-wise op writing into an
+  input it reads last (`Transients`); a stage's is its largest cell's (`Workspace`),
+  held while each backward of the stage runs.
 - deferred weight gradients (split-backward schedules: zero_bubble, zbv, v_half, v_min,
   ...): from a micro-batch's I to its W, the gradients that the weight-gradient ops will
   read (a matmul's output gradient dz for x^T dz), computed by I and held for W
@@ -23,8 +29,7 @@ throw-away graph (no memory is allocated, so a model too big for the machine can
 estimated), takes `tf.gradients` of its outputs, and sums the bytes of the forward
 tensors that the gradient ops read: exactly what a tape keeps. Views (Reshape,
 Identity, ...) count as the tensor they view; the weights and the cell's inputs are
-not activations; temporaries inside one op or one cell's backward (a matmul's result
-before its ReLU) are not counted.
+not activations. Temporaries inside one op are not counted.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ __all__ = [
     "StageMemory",
     "TraceCells",
     "TracedFor",
+    "Transients",
     "WeightHeld",
     "Workspace",
 ]
@@ -88,6 +94,10 @@ class CellMemory:
       weight_saved_bytes: the part of `saved_bytes` that the weight-only gradient ops
         read: what a split backward's I leaves alive for W. None: not traced (all of it).
       weight_input_saved_bytes: the part of `input_saved_bytes` they read (None: all).
+      backward_transient_bytes: the most its backward holds at once beyond its saved
+        activations (the outputs' gradients received, its inputs' gradients, what
+        passes between), leaving out the weight-only gradient ops' tensors (Workspace
+        adds the largest weight gradient): Transients.
       out_specs: the outputs as tf.TensorSpecs, the next cell's inputs.
     """
 
@@ -103,6 +113,7 @@ class CellMemory:
     deferred_bytes: int = 0
     weight_saved_bytes: int | None = None
     weight_input_saved_bytes: int | None = None
+    backward_transient_bytes: int = 0
 
 
 @dataclasses.dataclass
@@ -130,6 +141,8 @@ class StageMemory:
 
 
 def _Bytes(t: Any) -> int:
+    if t.dtype in (tf.resource, tf.variant, tf.string):
+        return 0
     n = t.shape.num_elements() if t.shape.is_fully_defined() else None
     return (n or 0) * t.dtype.size
 
@@ -154,7 +167,7 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
         flat_out = [y for y in tf.nest.flatten(outputs) if y.dtype.is_floating]
         trainable = list(cell.trainable_variables)
         forward = set(graph.get_operations())
-        grads = []
+        grads, dys = [], []
         if flat_out:
             dys = [_Placeholder(y) for y in flat_out]
             grads = tf.gradients(flat_out, flat_in + trainable, grad_ys=dys)
@@ -164,8 +177,11 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
         deferred = DeferredBytes(backward, weight_only)
         saved = _Read(backward, forward)  # {tensor: bytes}: the forward tensors the backward reads
         for_weights = _Read(weight_only, forward)
-    inputs_ref = {x.ref() for x in tf.nest.flatten(inputs)}
-    outputs_ref = {_Source(y).ref() for y in tf.nest.flatten(outputs)}
+        inputs_ref = {x.ref() for x in tf.nest.flatten(inputs)}
+        outputs_ref = {_Source(y).ref() for y in tf.nest.flatten(outputs)}
+        dxs = {_Source(g).ref() for g in grads[:n] if g is not None}
+        kept_back = [r.deref() for r in saved if r not in inputs_ref]
+        transient = Transients(backward, dxs, weight_only, held=kept_back, received=dys)
     return CellMemory(
         weight_bytes=sum(_Bytes(v) for v in cell.variables),
         trainable_shapes=tuple(tuple(v.shape.as_list()) for v in trainable),
@@ -181,6 +197,7 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
         deferred_bytes=deferred,
         weight_saved_bytes=sum(b for r, b in for_weights.items() if r not in inputs_ref),
         weight_input_saved_bytes=sum(b for r, b in for_weights.items() if r in inputs_ref),
+        backward_transient_bytes=transient,
     )
 
 
@@ -194,6 +211,60 @@ def _Read(ops: Any, forward: set) -> dict:
             if src.op in forward and src.op.type not in _NOT_ACTIVATIONS:
                 read[src.ref()] = _Bytes(src)
     return read
+
+
+# Ops that make no buffer of their own for the walk: views, weights, constants, inputs.
+_NO_BUFFER = _VIEW_OPS | _NOT_ACTIVATIONS | {"Placeholder"}
+
+
+def Transients(
+    ops: Sequence[Any],
+    kept: set,
+    skip: Any = frozenset(),
+    held: Sequence[Any] = (),
+    received: Sequence[Any] = (),
+) -> int:
+    """The most bytes alive at once, beyond `held`, as `ops` run in their order (graph
+    order: every op after its inputs' ops): a backward's transients.
+
+    Each tensor that `ops` make is alive from its op to its last reader among `ops`
+    (views resolved), those in `kept` (refs) to the end. `held`: tensors alive before
+    (a backward's saved activations, counted elsewhere): freed by their last reader, or
+    passing their buffer on. `received`: tensors alive before and counted (the
+    outputs' gradients). Tensors made by the ops in `skip` are not counted, nor ops
+    whose outputs nothing reads (TensorFlow prunes them). An op that makes a tensor of
+    the shape and dtype of an input whose last reader it is writes into that input's
+    buffer, as TensorFlow's element-wise kernels do (forward_input_or_allocate_output):
+    the buffer passes on, nothing is added."""
+    last = {}
+    for i, op in enumerate(ops):
+        for t in op.inputs:
+            last[_Source(t).ref()] = i
+    size = {_Source(t).ref(): _Bytes(_Source(t)) for t in list(held) + list(received)}
+    start = sum(_Bytes(_Source(t)) for t in held)
+    live = peak = sum(size.values())
+    for i, op in enumerate(ops):
+        used = any(t.ref() in last or t.ref() in kept for t in op.outputs)
+        if used and op.type not in _NO_BUFFER and op not in skip:
+            # Inputs this op reads last, not kept: their buffers can pass to its outputs.
+            spare = [_Source(x) for x in op.inputs]
+            spare = [x for x in spare if x.ref() in size and last[x.ref()] == i]
+            spare = [x for x in spare if x.ref() not in kept]
+            for t in op.outputs:
+                if t.ref() in size or not _Bytes(t):
+                    continue
+                same = [j for j, x in enumerate(spare) if (x.dtype, x.shape) == (t.dtype, t.shape)]
+                if same:  # in place: the input's buffer becomes the output's
+                    size[t.ref()] = size.pop(spare.pop(same[0]).ref())
+                else:
+                    size[t.ref()] = _Bytes(t)
+                    live += size[t.ref()]
+        peak = max(peak, live)
+        for t in list(op.outputs) + [_Source(x) for x in op.inputs]:
+            r = t.ref()
+            if r in size and last.get(r, i) <= i and r not in kept:
+                live -= size.pop(r)
+    return peak - start
 
 
 def DeferredBytes(backward: list, weight_only: set) -> int:
@@ -285,10 +356,12 @@ def WeightHeld(cells: Sequence[CellMemory], boundary: int, internal: int) -> int
 
 def Workspace(cells: Sequence[CellMemory]) -> int:
     """Bytes a stage's backward holds besides the activations, for one micro-batch: the
-    gradient of its outputs (received), of its inputs (sent on), and the largest
-    cell's weight gradient before it joins the running sum."""
+    most that one of its cells' backward makes at once (CellMemory.backward_transient_bytes;
+    at least the gradients of the stage's outputs, received, and of its inputs, sent
+    on) and the largest weight gradient before it joins the running sum."""
     largest = max(sum(map(math.prod, c.trainable_shapes)) * c.dtype_size for c in cells)
-    return cells[-1].output_bytes + cells[0].input_bytes + largest
+    passing = cells[-1].output_bytes + cells[0].input_bytes
+    return max([passing] + [c.backward_transient_bytes for c in cells]) + largest
 
 
 # W frees what it reads as its ops run: in this many equal shares through its time.
@@ -493,6 +566,7 @@ def Estimate(
         deferred = sum(c.deferred_bytes for c in mine)
         for_w = WeightHeld(mine, boundary, internal)
         gradients = sum(map(math.prod, shapes)) * size
+        workspace = Workspace(mine) if sched.has_backward else 0
         events = ActivationEvents(
             sim, sched.num_micro_batches, k, kept, boundary, internal, deferred, for_w
         )
@@ -503,11 +577,11 @@ def Estimate(
                 gradients=gradients,
                 optimizer_slots=SlotBytes(optimizer, shapes, size),
                 activations=simulate.PeakOf(events) + (batch_bytes if k == 0 else 0),
-                workspace=Workspace(mine) if sched.has_backward else 0,
+                workspace=workspace,
                 peak_alive=sim.peak_alive[k],
                 events=tuple(events),
                 alive_events=tuple(alive),
-                step_events=tuple(StepEvents(sim, k, gradients, Workspace(mine))),
+                step_events=tuple(StepEvents(sim, k, gradients, workspace)),
             )
         )
     return out
