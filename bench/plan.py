@@ -293,23 +293,27 @@ def Child(model: str, cfg: dict, steps: int) -> dict:
 
     pipe_p, inputs, loss_fn = Model(model)
     batch = tf.nest.flatten(inputs)[0].shape[0]
-    start = time.perf_counter()
-    rates = planner.MeasureRates(DEVICES[0])
     metas = costs_lib.CellMetas(pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes))
     sizes = sorted({batch // 2 // max(cfg["micro_batches"]), batch // min(cfg["micro_batches"])})
-    times = cell_times.Profile(pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes), sizes)
-    costs = planner.ModelCosts(
-        flops=tuple(float(m.flops) / batch for m in metas),
-        out_bytes=tuple(costs_lib.ShapeBytes(m.out_shapes) // batch for m in metas),
-        weight_bytes=tuple(4 * int(m.num_params) for m in metas),
-        times=times,
-    )
+
+    def Probe():
+        times = cell_times.Profile(pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes), sizes)
+        costs = planner.ModelCosts(
+            flops=tuple(float(m.flops) / batch for m in metas),
+            out_bytes=tuple(costs_lib.ShapeBytes(m.out_shapes) // batch for m in metas),
+            weight_bytes=tuple(4 * int(m.num_params) for m in metas),
+            times=times,
+        )
+        return planner.MeasureRates(DEVICES[0]), costs
+
+    start = time.perf_counter()
+    probes = [Probe()]
     setup_s = time.perf_counter() - start
+    rates, costs = probes[0]
     probe = planner.Candidate(1, 2, 4, "1f1b", 1, "never", ())
     probe.partition = planner.Partitions(costs, 2)[0][1]
     cal = Calibrate(pipe_p, inputs, loss_fn, costs, rates, probe, batch)
-    cal_costs, cal_rates = planner.Calibrated(costs, rates, cal)
-    rows, traced = [], {}
+    configs = []
     for base in Grid(cfg, len(pipe_p.cell_tpl), batch):
         chunks = base.num_stages * (
             2 if base.schedule in ("zbv", "v_half", "v_min") else base.num_virtual_stages
@@ -317,38 +321,88 @@ def Child(model: str, cfg: dict, steps: int) -> dict:
         for policy, counts in planner.Partitions(costs, chunks):
             if policy != "flops" and not (model == "lm32k" and base.schedule == "1f1b"):
                 continue  # 'uniform' beside 'flops' only where the issue asks (1F1B, 32k LM)
-            c = dataclasses.replace(base, partition=counts, partition_policy=policy)
-            rows.append(
-                Row(
-                    model,
-                    pipe_p,
-                    inputs,
-                    loss_fn,
-                    c,
-                    costs,
-                    rates,
-                    cal_costs,
-                    cal_rates,
-                    batch,
-                    steps,
-                    traced,
-                )
-            )
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            configs.append(dataclasses.replace(base, partition=counts, partition_policy=policy))
+    measured, traced = [], {}
+    for i, c in enumerate(configs):
+        if _ProbeDue(i, len(configs)):
+            probes.append(Probe())
+        measured.append(Row(model, pipe_p, inputs, loss_fn, c, batch, steps, traced))
+        print(json.dumps(measured[-1][0]), file=sys.stderr, flush=True)
+    probes.append(Probe())
+    rates, costs = MedianProbe(probes)
+    cal_costs, cal_rates = planner.Calibrated(costs, rates, cal)
+    for c, (row, found) in zip(configs, measured):
+        if found is not None:
+            predicted = planner.PredictSeconds(c, costs, rates, batch)
+            calibrated = planner.PredictSeconds(c, cal_costs, cal_rates, batch)
+            _Measured(row, c.replicas, predicted, calibrated, *found)
     return dict(
-        rows=rows,
+        rows=[row for row, _ in measured],
         setup_s=setup_s,
         calibration=dataclasses.asdict(cal),
         rates=dataclasses.asdict(rates),
+        probes=[_ProbeNote(r, c) for r, c in probes],
     )
 
 
-def Row(
-    model, pipe_p, inputs, loss_fn, c, costs, rates, cal_costs, cal_rates, batch, steps, traced
-):
-    import tensorflow as tf
+# The device's rates and the cells' profile, taken at a child's start, after each
+# PROBES-th of its rows and at its end; every row is predicted from their median. One
+# probe taken in a slow spell of this shared VM (the MLP's 7.8e10 FLOP/s against 1.0e11
+# in other runs) put a whole model's predictions off together.
+PROBES = 3
 
-    from lingpipe.pipeline.planning import planner
+
+def _ProbeDue(i: int, n: int) -> bool:
+    """Whether a probe is taken before the i-th of n rows (at each PROBES-th, not the
+    first: the start has its own)."""
+    return i > 0 and any(i == n * k // PROBES for k in range(1, PROBES))
+
+
+def MedianProbe(probes: list) -> tuple:
+    """(rates, costs): each rate, and each profiled time of each cell, the median over the
+    probes' (rates, planner.ModelCosts)."""
+    import dataclasses
+
+    rates = [r for r, _ in probes]
+    median = dataclasses.replace(
+        rates[0],
+        **{f.name: statistics.median(getattr(r, f.name) for r in rates)
+           for f in dataclasses.fields(rates[0])},
+    )  # fmt: skip
+    times = [c.times for _, c in probes]
+    if times[0] is None:
+        return median, probes[0][1]
+
+    def Lines(field: str) -> tuple:
+        found = [getattr(t, field) for t in times]
+        # 'backward' (both gradients at once) is there where it profiled faster: the
+        # probes' most common answer.
+        size = statistics.mode(len(lines) for lines in found)
+        found = [lines for lines in found if len(lines) == size]
+        return tuple(
+            tuple(statistics.median(lines[i][j] for lines in found) for j in range(2))
+            for i in range(size)
+        )
+
+    fields = ("forward", "backward_input", "backward_weight", "backward")
+    profiled = dataclasses.replace(times[0], **{f: Lines(f) for f in fields})
+    return median, dataclasses.replace(probes[0][1], times=profiled)
+
+
+def _ProbeNote(rates, costs) -> dict:
+    """What plan.json keeps of one probe: its FLOP rate, fixed cost per action and the
+    whole forward's profiled seconds per example."""
+    note = dict(flops_per_s=rates.flops_per_s, action_s=rates.action_s)
+    if costs.times is not None:
+        note["forward_s_per_example"] = sum(b for _, b in costs.times.forward)
+    return note
+
+
+def Row(model, pipe_p, inputs, loss_fn, c, batch, steps, traced) -> tuple[dict, tuple | None]:
+    """(the row of candidate c, what _Measured needs beside the predictions: None where
+    it failed) of one configuration measured: its steps' times, the allocator's peak,
+    a profiled step's peak and tensors, and the estimate."""
+    import tensorflow as tf
 
     gc.collect()
     before = tf.config.experimental.get_memory_info("CPU:0")["current"]
@@ -366,31 +420,22 @@ def Row(
         profiled = ProfiledPeak(step)
     except Exception as e:  # noqa: BLE001 (a row of the table, not the end of the run)
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        return row
-    predicted = planner.PredictSeconds(c, costs, rates, batch)
-    calibrated = planner.PredictSeconds(c, cal_costs, cal_rates, batch)
-    _Measured(
-        row, c.replicas, predicted, calibrated, seconds, best, per_device, host, peak - before
-    )
-    _Tensors(row, profiled, before)
-    return row
+        return row, None
+    row["load"] = round(os.getloadavg()[0], 2)
+    return row, (seconds, best, per_device, host, peak - before, _Above(profiled, before))
 
 
-def _Tensors(row: dict, profiled: tuple[int, int], before: int) -> None:
-    """The profiled step's peak (chunks) and its tensors' (requested), above `before`, and
-    the estimate's error against the tensors: what it counts, without the allocator's
-    slack."""
-    if profiled[1]:
-        row["profiled_mib"] = (profiled[0] - before) / 2**20
-        row["tensors_mib"] = (profiled[1] - before) / 2**20
-        row["tensors_err"] = row["predicted_mib"] / row["tensors_mib"] - 1
+def _Above(profiled: tuple[int, int], before: int) -> tuple[int, int]:
+    """A profiled step's (peak, tensors) above `before`; (0, 0) where it recorded none."""
+    return (profiled[0] - before, profiled[1] - before) if profiled[1] else (0, 0)
 
 
-def _Measured(row, replicas, predicted, calibrated, seconds, best, per_device, host, used):
+def _Measured(row, replicas, predicted, calibrated, seconds, best, per_device, host, used, tensors):
     """Fills a row's predictions (seconds; bytes per device of one pipeline and one
     allocator's total) against what was measured (median and least seconds; bytes
-    used), with their errors."""
-    row["load"] = round(os.getloadavg()[0], 2)
+    used; a profiled step's peak and tensors above the same start, _Above), with their
+    errors: memory_err against the allocator's peak, tensors_err against the most the
+    tensors asked for (without the allocator's slack, allocations.Peaks)."""
     row["predicted_s"], row["calibrated_s"] = predicted, calibrated
     row["measured_s"], row["measured_best_s"] = seconds, best
     row["peak_device_mib"] = [b / 2**20 for b in per_device]
@@ -401,6 +446,9 @@ def _Measured(row, replicas, predicted, calibrated, seconds, best, per_device, h
         row[key.replace("_s", "_err")] = row[key] / seconds - 1
         row[key.replace("_s", "_err_best")] = row[key] / best - 1
     row["memory_err"] = row["predicted_mib"] / row["measured_mib"] - 1
+    if tensors[1]:
+        row["profiled_mib"], row["tensors_mib"] = tensors[0] / 2**20, tensors[1] / 2**20
+        row["tensors_err"] = row["predicted_mib"] / row["tensors_mib"] - 1
 
 
 def KerasModel(seed: int = 0):
@@ -473,8 +521,6 @@ def KerasChild(cfg: dict, steps: int) -> dict:
     batch = x.shape[0]
     graph = graph_lib.Trace(model, "bench")
     memory = graph_memory.GraphMemory(graph, graph_memory.TraceNodes(graph, "bench"), 2)
-    start = time.perf_counter()
-    rates = planner.MeasureRates(DEVICES[0])
     grid_cfg = {k: tuple(v for v in KERAS[k] if v in cfg[k]) for k in ("micro_batches", "remats")}
     names = [n for n in KERAS["schedules"] if cfg["schedules"] is None or
              n in [s for s, _ in cfg["schedules"]]]  # fmt: skip
@@ -485,23 +531,36 @@ def KerasChild(cfg: dict, steps: int) -> dict:
             k, len(graph.nodes), batch, scheds, grid_cfg["remats"], grid_cfg["micro_batches"],
             stages=(k,),
         )  # fmt: skip
-    costs, costs_note = keras_plan.PlanCosts(graph, grid, batch, 2**40, "auto", DEVICES[0])
+
+    def Probe():
+        costs, note = keras_plan.PlanCosts(graph, grid, batch, 2**40, "auto", DEVICES[0])
+        return planner.MeasureRates(DEVICES[0]), costs, note
+
+    start = time.perf_counter()
+    rates, costs, costs_note = Probe()
+    probes = [(rates, costs)]
     setup_s = time.perf_counter() - start
-    rows = []
+    configs, measured = [], []
     for base in grid:
         chunks = base.num_stages * (
             2 if base.schedule in ("zbv", "v_half", "v_min") else base.num_virtual_stages
         )
         policy, counts = planner.Partitions(costs, chunks)[0]
-        c = dataclasses.replace(base, partition=counts, partition_policy=policy)
+        configs.append(dataclasses.replace(base, partition=counts, partition_policy=policy))
+    for i, c in enumerate(configs):
+        if _ProbeDue(i, len(configs)):
+            probes.append(Probe()[:2])
         row = dict(model="keras", R=1, K=c.num_stages, M=c.num_micro_batches, schedule=c.schedule)
-        row.update(v=c.num_virtual_stages, remat=c.remat, partition=policy, cells=list(counts))
+        row.update(
+            v=c.num_virtual_stages, remat=c.remat, partition=c.partition_policy,
+            cells=list(c.partition),
+        )  # fmt: skip
         row["actions"] = _Signature(c)
         gc.collect()
         before = tf.config.experimental.get_memory_info("CPU:0")["current"]
         try:
             sched = _Kept(c)
-            nodes = [list(range(a, b)) for a, b in partition.Boundaries(list(counts))]
+            nodes = [list(range(a, b)) for a, b in partition.Boundaries(list(c.partition))]
             stages = memory.Stages(nodes, sched, c.remat, batch)
             by_device = [[m for s, m in enumerate(stages) if sched.DeviceOf(s) == d]
                          for d in range(sched.num_devices)]  # fmt: skip
@@ -518,17 +577,30 @@ def KerasChild(cfg: dict, steps: int) -> dict:
             profiled = ProfiledPeak(step)
         except Exception as e:  # noqa: BLE001 (a row of the table, not the end of the run)
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-            rows.append(row)
+            measured.append((row, None))
+            continue
+        row["load"] = round(os.getloadavg()[0], 2)
+        found = (seconds, best, per_device, host, peak - before, _Above(profiled, before))
+        measured.append((row, found))
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    probes.append(Probe()[:2])
+    rates, costs = MedianProbe(probes)
+    flop_costs = keras_plan.ModelCosts(graph)
+    for c, (row, found) in zip(configs, measured):
+        if found is None:
             continue
         predicted = planner.PredictSeconds(c, costs, rates, batch)
-        _Measured(row, 1, predicted, predicted, seconds, best, per_device, host, peak - before)
-        _Tensors(row, profiled, before)
+        _Measured(row, 1, predicted, predicted, *found)
         # The same step predicted from FLOPs at the measured rate, beside the profile.
-        row["flops_s"] = planner.PredictSeconds(c, keras_plan.ModelCosts(graph), rates, batch)
-        row["flops_err"] = row["flops_s"] / seconds - 1
-        rows.append(row)
-        print(json.dumps(row), file=sys.stderr, flush=True)
-    return dict(rows=rows, rates=dataclasses.asdict(rates), costs=costs_note, setup_s=setup_s)
+        row["flops_s"] = planner.PredictSeconds(c, flop_costs, rates, batch)
+        row["flops_err"] = row["flops_s"] / found[0] - 1
+    return dict(
+        rows=[row for row, _ in measured],
+        rates=dataclasses.asdict(rates),
+        costs=costs_note,
+        setup_s=setup_s,
+        probes=[_ProbeNote(r, c) for r, c in probes],
+    )
 
 
 class _Loss:

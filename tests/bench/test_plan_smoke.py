@@ -29,6 +29,9 @@ def test_plan_quick_writes_predicted_and_measured(tmp_path, capsys):
         assert r["devices_sum_mib"] == pytest.approx(r["R"] * sum(r["peak_device_mib"]))
         assert r["predicted_mib"] <= r["devices_sum_mib"] * (1 + 1e-9)
         assert r["memory_err"] == pytest.approx(r["predicted_mib"] / r["measured_mib"] - 1)
+        # A profiled step: its tensors asked for no more than the allocator held.
+        assert 0 < r["tensors_mib"] <= r["profiled_mib"]
+        assert r["tensors_err"] == pytest.approx(r["predicted_mib"] / r["tensors_mib"] - 1)
     assert result["summary"]["memory_err"]["n"] == len(rows)
     assert result["summary"]["memory_err"]["most_below"] == min(r["memory_err"] for r in rows)
     assert all(r["load"] >= 0 for r in rows)
@@ -38,6 +41,8 @@ def test_plan_quick_writes_predicted_and_measured(tmp_path, capsys):
     others = {("M", "4"), ("remat", "never"), ("RK", "R=2 K=1"), ("RK", "R=1 K=2")}
     assert set(by) == schedules | others
     assert by[("M", "4")]["n"] == 3
+    # The rates and the profile at the start, before rows 1 and 2, and at the end.
+    assert len(result["runs"]["mlp"]["probes"]) == 4
     cal = result["runs"]["mlp"]["calibration"]
     assert len(cal["scales"]) == 2 and cal["num_actions"] > 0
     assert len(result["picks"]) == 2
@@ -93,3 +98,28 @@ def test_rescore_makes_the_tables_again_without_measuring(tmp_path, capsys):
         dict(model="mlp", rows=1, against="the run before", step_median=1.0, step_worst=1.0,
              memory_median=0.0, memory_worst=0.0)
     ]  # fmt: skip
+
+
+def test_probes_are_taken_through_the_run_and_predictions_use_their_median():
+    # With 9 rows: before rows 3 and 6 (the start and the end have probes of their own).
+    assert [i for i in range(9) if plan._ProbeDue(i, 9)] == [3, 6]
+    assert [i for i in range(2) if plan._ProbeDue(i, 2)] == [1]
+    from lingpipe.pipeline.planning import cost_model, planner
+
+    def Probe(flops, scale, backward=()):
+        times = cost_model.CellTimes(
+            forward=((0.0, scale), (1.0, 2 * scale)),
+            backward_input=((0.0, scale),) * 2,
+            backward_weight=((0.0, scale),) * 2,
+            backward=backward,
+        )
+        rates = planner.Rates(flops_per_s=flops, action_s=1e-5, bytes_per_s=1e9, latency_s=0.0)
+        return rates, planner.ModelCosts((1.0, 1.0), (4, 4), (8, 8), times)
+
+    # One probe in a slow spell (half the rate, twice the times) moves nothing.
+    slow = Probe(5e10, 2.0, backward=((0.0, 1.0), (0.0, 1.0)))
+    rates, costs = plan.MedianProbe([Probe(1e11, 1.0), slow, Probe(1.1e11, 1.1)])
+    assert rates.flops_per_s == 1e11 and rates.action_s == 1e-5
+    assert costs.times.forward == ((0.0, 1.1), (1.0, 2.2))
+    assert costs.times.backward == ()  # two of three probes found I + W apart faster
+    assert costs.flops == (1.0, 1.0)
