@@ -72,6 +72,8 @@ class NodeMemory:
       backward_transient_bytes: the most its backward holds at once beyond its saved
         activations, weight-only ops left out, per example
         (memory.CellMemory.backward_transient_bytes).
+      input_transient_bytes, input_end_bytes: a split backward's I's, likewise
+        (memory.CellMemory's).
     """
 
     saved_args: tuple
@@ -84,6 +86,8 @@ class NodeMemory:
     weight_internal_bytes: int = 0
     deferred_bytes: int = 0
     backward_transient_bytes: int = 0
+    input_transient_bytes: int = 0
+    input_end_bytes: int = 0
 
 
 def _Source(t: tf.Tensor) -> tf.Tensor:
@@ -107,7 +111,7 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int, i
     them, the weight-only ones), each as (argument positions, output positions, other
     bytes); the bytes of the gradients that the weight-only ops read from the rest
     (held from a split backward's I to its W, as memory.CellMemory.deferred_bytes); and
-    the backward's transients (memory.Transients)."""
+    the backward's transients (memory.BackwardTransients)."""
     call, variables = graph_lib.NodeCall(node), graph_lib.TrainableVariables(node)
     found: dict = {}
 
@@ -131,9 +135,8 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int, i
             for op in backward for t in op.inputs
             if _Source(t).op in forward and _Source(t).op.type not in _NOT_ACTIVATIONS
         }  # fmt: skip
-        dxs = {_Source(d).ref() for d in grads[: len(xs)] if d is not None}
-        found["transient"] = memory.Transients(
-            backward, dxs, weight_only, held=list(held.values()), received=dys
+        found["transients"] = memory.BackwardTransients(
+            backward, weight_only, list(held.values()), dys, grads[: len(xs)]
         )
         return 0
 
@@ -159,7 +162,7 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int, i
         return tuple(sorted(args)), tuple(sorted(outs)), sum(other.values())
 
     saved = Read(found["backward"]), Read(found["weight_only"])
-    return saved + (found["deferred"], found["transient"])
+    return saved + (found["deferred"], found["transients"])
 
 
 def WeightBytes(graph: graph_lib.Graph, trainable: bool = False) -> list[int]:
@@ -193,7 +196,7 @@ def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> li
             ) from None
         if key is not None:
             traced[key] = saved
-        (args, outs, internal), (w_args, w_outs, w_internal), deferred, transient = saved
+        (args, outs, internal), (w_args, w_outs, w_internal), deferred, transients = saved
         out.append(
             NodeMemory(
                 saved_args=tuple(k for j, k in enumerate(node.arg_keys) if j in args),
@@ -205,7 +208,9 @@ def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> li
                 weight_outputs=tuple(k for j, k in enumerate(node.out_keys) if j in w_outs),
                 weight_internal_bytes=w_internal,
                 deferred_bytes=deferred,
-                backward_transient_bytes=transient,
+                backward_transient_bytes=transients[0],
+                input_transient_bytes=transients[1],
+                input_end_bytes=transients[2],
             )
         )
     return out
@@ -282,19 +287,30 @@ class GraphMemory:
                 sim, m, k, kept, boundary, internal, deferred, min(held, boundary + internal)
             )
             trainable = sum(n.trainable_bytes for n in mine)
-            passing = max([sent + received] + [rows * n.backward_transient_bytes for n in mine])
-            workspace = passing + max(n.trainable_bytes for n in mine) if sched.has_backward else 0
+            largest = max(n.trainable_bytes for n in mine)
+            workspace = max([sent + received] + [rows * n.backward_transient_bytes for n in mine])
+            # A split backward's I, its nodes in reverse order (memory.InputWorkspace).
+            left, in_i = 0, sent + received
+            for n, i in zip(reversed(mine), reversed(idx)):
+                in_i = max(in_i, left + rows * n.input_transient_bytes)
+                args = sum(
+                    graph_lib.TensorBytes(graph, x) for x in graph.nodes[i].arg_keys
+                    if tf.as_dtype(graph.dtypes[x]).is_floating
+                )  # fmt: skip
+                left += rows * (n.input_end_bytes - args)
+            split = (in_i, largest) if sched.has_backward else (0, 0)
+            workspace = workspace + largest if sched.has_backward else 0
             out.append(
                 memory.StageMemory(
                     weights=sum(n.weight_bytes for n in mine),
                     gradients=trainable,
                     optimizer_slots=int(self.slots_per_weight * trainable),
                     activations=simulate.PeakOf(events) + (batch_bytes if k == 0 else 0),
-                    workspace=workspace,
+                    workspace=max(workspace, *split),
                     peak_alive=sim.peak_alive[k],
                     events=tuple(events),
                     alive_events=tuple(memory.ActivationEvents(sim, m, k, set(), 1, 0, ramp=False)),
-                    step_events=tuple(memory.StepEvents(sim, k, trainable, workspace)),
+                    step_events=tuple(memory.StepEvents(sim, k, trainable, workspace, split)),
                 )
             )
         return out

@@ -188,6 +188,9 @@ def test_the_workspace_holds_the_widest_gradient_a_layer_call_passes_on():
     # Per example: the [64] gradient between the two Dense layers and one [8] at once
     # (ReluGrad writes into the gradient it reads last).
     assert nodes[0].backward_transient_bytes == (64 + 8) * 4
+    # Split, I holds the gradients W will read (the [8] received, the [64]) with the [8]
+    # it sends.
+    assert (nodes[0].input_transient_bytes, nodes[0].input_end_bytes) == ((8 + 64 + 8) * 4,) * 2
     memory = graph_memory.GraphMemory(graph, nodes, 0)
     (stage, _) = memory.Stages([[0], [1]], generators.Make("gpipe", 2, 1), "never", 16)
     weights = (8 * 64 + 64 + 64 * 8 + 8) * 4

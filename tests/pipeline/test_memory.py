@@ -247,6 +247,12 @@ def test_the_workspace_holds_the_widest_gradient_a_cell_s_backward_passes_on():
     assert traced.backward_transient_bytes == 4096 + 512
     weights = (8 * 64 + 64 + 64 * 8 + 8) * 4
     assert memory.Workspace([traced]) == 4096 + 512 + weights
+    # Split, I holds what W will read from when it makes it: the gradient received (for
+    # the second kernel's) and the wide one (for the first's), with the inputs' gradient
+    # it sends at the end; W holds the weights' gradients.
+    assert (traced.input_transient_bytes, traced.input_end_bytes) == (512 + 4096 + 512,) * 2
+    assert memory.InputWorkspace([traced]) == 512 + 4096 + 512
+    assert memory.WeightWorkspace([traced]) == weights
 
 
 def test_transients_pass_a_buffer_to_an_element_wise_op_that_reads_it_last():
@@ -258,11 +264,11 @@ def test_transients_pass_a_buffer_to_an_element_wise_op_that_reads_it_last():
         c = tf.concat([b, b], 0)  # 8 KiB, with b alive
         d = tf.reduce_sum(c)
         ops = [op for op in graph.get_operations() if op is not dy.op]
-        assert memory.Transients(ops, {d.ref()}, received=[dy]) == 4096 + 8192
+        assert memory.Transients(ops, {d.ref()}, received=[dy])[0] == 4096 + 8192
         # With `a` read again after the concat, b needs a buffer of its own.
         e = a + 1.0
         ops = [op for op in graph.get_operations() if op is not dy.op]
-        assert memory.Transients(ops, {d.ref(), e.ref()}, received=[dy]) == 2 * 4096 + 8192
+        assert memory.Transients(ops, {d.ref(), e.ref()}, received=[dy])[0] == 2 * 4096 + 8192
 
 
 # Split backward (zero bubble, K=2, M=4; one unit per F, I, W):

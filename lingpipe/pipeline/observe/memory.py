@@ -44,12 +44,19 @@ import tensorflow as tf
 from lingpipe import base_layer, hyperparams, optimizers
 from lingpipe.pipeline.planning import costs
 from lingpipe.pipeline.schedules import simulate
-from lingpipe.pipeline.schedules.schedule import BACKWARD_INPUT, FORWARD, Action, Schedule
+from lingpipe.pipeline.schedules.schedule import (
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    Action,
+    Schedule,
+)
 from lingpipe.pipeline.step import executor, micro_batch
 from lingpipe.pipeline.step import remat as remat_lib
 
 __all__ = [
     "ActivationEvents",
+    "BackwardTransients",
     "CellMemory",
     "DeferredBytes",
     "DeviceMemory",
@@ -66,6 +73,8 @@ __all__ = [
     "TraceCells",
     "TracedFor",
     "Transients",
+    "InputWorkspace",
+    "WeightWorkspace",
     "WeightHeld",
     "Workspace",
 ]
@@ -98,6 +107,9 @@ class CellMemory:
         activations (the outputs' gradients received, its inputs' gradients, what
         passes between), leaving out the weight-only gradient ops' tensors (Workspace
         adds the largest weight gradient): Transients.
+      input_transient_bytes, input_end_bytes: the most a split backward's I holds at
+        once beyond the saved activations, and what it leaves beyond them at its end
+        (below 0 where it frees more than it makes): BackwardTransients.
       out_specs: the outputs as tf.TensorSpecs, the next cell's inputs.
     """
 
@@ -114,6 +126,8 @@ class CellMemory:
     weight_saved_bytes: int | None = None
     weight_input_saved_bytes: int | None = None
     backward_transient_bytes: int = 0
+    input_transient_bytes: int = 0
+    input_end_bytes: int = 0
 
 
 @dataclasses.dataclass
@@ -179,9 +193,8 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
         for_weights = _Read(weight_only, forward)
         inputs_ref = {x.ref() for x in tf.nest.flatten(inputs)}
         outputs_ref = {_Source(y).ref() for y in tf.nest.flatten(outputs)}
-        dxs = {_Source(g).ref() for g in grads[:n] if g is not None}
         kept_back = [r.deref() for r in saved if r not in inputs_ref]
-        transient = Transients(backward, dxs, weight_only, held=kept_back, received=dys)
+        transients = BackwardTransients(backward, weight_only, kept_back, dys, grads[:n])
     return CellMemory(
         weight_bytes=sum(_Bytes(v) for v in cell.variables),
         trainable_shapes=tuple(tuple(v.shape.as_list()) for v in trainable),
@@ -197,7 +210,9 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
         deferred_bytes=deferred,
         weight_saved_bytes=sum(b for r, b in for_weights.items() if r not in inputs_ref),
         weight_input_saved_bytes=sum(b for r, b in for_weights.items() if r in inputs_ref),
-        backward_transient_bytes=transient,
+        backward_transient_bytes=transients[0],
+        input_transient_bytes=transients[1],
+        input_end_bytes=transients[2],
     )
 
 
@@ -223,9 +238,10 @@ def Transients(
     skip: Any = frozenset(),
     held: Sequence[Any] = (),
     received: Sequence[Any] = (),
-) -> int:
-    """The most bytes alive at once, beyond `held`, as `ops` run in their order (graph
-    order: every op after its inputs' ops): a backward's transients.
+) -> tuple[int, int]:
+    """(the most bytes alive at once, the bytes alive at the end), beyond `held`, as
+    `ops` run in their order (graph order: every op after its inputs' ops): a
+    backward's transients. The end can be below 0: `held` tensors freed.
 
     Each tensor that `ops` make is alive from its op to its last reader among `ops`
     (views resolved), those in `kept` (refs) to the end. `held`: tensors alive before
@@ -264,7 +280,28 @@ def Transients(
             r = t.ref()
             if r in size and last.get(r, i) <= i and r not in kept:
                 live -= size.pop(r)
-    return peak - start
+    return peak - start, live - start
+
+
+def BackwardTransients(
+    backward: Sequence[Any],
+    weight_only: set,
+    saved: Sequence[Any],
+    dys: Sequence[Any],
+    input_grads: Sequence[Any],
+) -> tuple[int, int, int]:
+    """(B's transient, I's transient, what I leaves beyond `saved`) of one cell's traced
+    backward (Transients), from the gradients of its outputs `dys` to those of its
+    inputs: B runs the ops in graph order, the weight-only ops' tensors left out (the
+    workspace adds the largest weight gradient); I runs the rest, and holds what the
+    weight-only ops will read (the gradients it makes for W, the saved tensors W reads)
+    to its end, however early it made them."""
+    dxs = {_Source(g).ref() for g in input_grads if g is not None}
+    b, _ = Transients(backward, dxs, weight_only, held=saved, received=dys)
+    for_w = {_Source(t).ref() for op in weight_only for t in op.inputs}
+    i_ops = [op for op in backward if op not in weight_only]
+    i, i_end = Transients(i_ops, dxs | for_w, held=saved, received=dys)
+    return b, i, i_end
 
 
 def DeferredBytes(backward: list, weight_only: set) -> int:
@@ -359,9 +396,28 @@ def Workspace(cells: Sequence[CellMemory]) -> int:
     most that one of its cells' backward makes at once (CellMemory.backward_transient_bytes;
     at least the gradients of the stage's outputs, received, and of its inputs, sent
     on) and the largest weight gradient before it joins the running sum."""
-    largest = max(sum(map(math.prod, c.trainable_shapes)) * c.dtype_size for c in cells)
     passing = cells[-1].output_bytes + cells[0].input_bytes
-    return max([passing] + [c.backward_transient_bytes for c in cells]) + largest
+    return max([passing] + [c.backward_transient_bytes for c in cells]) + WeightWorkspace(cells)
+
+
+def InputWorkspace(cells: Sequence[CellMemory]) -> int:
+    """Bytes a stage's split backward's I holds besides the activations, for one
+    micro-batch: over its cells in the order I runs them (the last first), the most
+    that one cell's I holds at once (CellMemory.input_transient_bytes) on top of what
+    the cells before it left for W (input_end_bytes, less the inputs' gradient each
+    passes to the next); at least the gradients received and sent on."""
+    passing = cells[-1].output_bytes + cells[0].input_bytes
+    left, most = 0, 0
+    for c in reversed(cells):
+        most = max(most, left + c.input_transient_bytes)
+        left += c.input_end_bytes - c.input_bytes
+    return max(passing, most)
+
+
+def WeightWorkspace(cells: Sequence[CellMemory]) -> int:
+    """Bytes a stage's W holds besides what it reads, for one micro-batch: the largest
+    cell's weight gradients before they join the running sum."""
+    return max(sum(map(math.prod, c.trainable_shapes)) * c.dtype_size for c in cells)
 
 
 # W frees what it reads as its ops run: in this many equal shares through its time.
@@ -440,16 +496,21 @@ def DeviceMemory(stages: Sequence[StageMemory]) -> StageMemory:
     )
 
 
-def StepEvents(sim: Any, stage: int, gradients: int, workspace: int) -> list[tuple[float, int]]:
+def StepEvents(
+    sim: Any, stage: int, gradients: int, workspace: int, split: tuple[int, int] | None = None
+) -> list[tuple[float, int]]:
     """(time, +bytes or -bytes) in `sim` of stage `stage`'s gradients (from the start of
-    its first backward action to the step's end) and workspace (while each of its
-    backward actions runs)."""
+    its first backward action to the step's end) and workspace while each of its
+    backward actions runs: `workspace` in a B; in a split backward's I and W, `split`'s
+    (InputWorkspace, WeightWorkspace), `workspace` for both where None."""
     backs = [a for a in sim.start if a.stage == stage and a.kind != FORWARD]
     if not backs:
         return []
     events = [(min(sim.start[a] for a in backs), gradients)]
+    held = {BACKWARD_INPUT: split[0], BACKWARD_WEIGHT: split[1]} if split else {}
     for a in backs:
-        events += [(sim.start[a], workspace), (sim.end[a], -workspace)]
+        bytes_ = held.get(a.kind, workspace)
+        events += [(sim.start[a], bytes_), (sim.end[a], -bytes_)]
     return events
 
 
@@ -567,6 +628,7 @@ def Estimate(
         for_w = WeightHeld(mine, boundary, internal)
         gradients = sum(map(math.prod, shapes)) * size
         workspace = Workspace(mine) if sched.has_backward else 0
+        split = InputWorkspace(mine), WeightWorkspace(mine)
         events = ActivationEvents(
             sim, sched.num_micro_batches, k, kept, boundary, internal, deferred, for_w
         )
@@ -577,11 +639,11 @@ def Estimate(
                 gradients=gradients,
                 optimizer_slots=SlotBytes(optimizer, shapes, size),
                 activations=simulate.PeakOf(events) + (batch_bytes if k == 0 else 0),
-                workspace=workspace,
+                workspace=max(workspace, *split) if sched.has_backward else 0,
                 peak_alive=sim.peak_alive[k],
                 events=tuple(events),
                 alive_events=tuple(alive),
-                step_events=tuple(StepEvents(sim, k, gradients, workspace)),
+                step_events=tuple(StepEvents(sim, k, gradients, workspace, split)),
             )
         )
     return out
