@@ -14,7 +14,9 @@ Per stage:
   joins the sum. Each cell's is found by walking its traced gradient ops in order, each
   tensor alive from its op to its last reader, an element-wise op writing into an
   input it reads last (`Transients`); a stage's is its largest cell's (`Workspace`),
-  held while each backward of the stage runs.
+  held while each backward of the stage runs. A split backward's I holds what W will
+  read from the moment it makes it (`InputWorkspace`); W, the weights' gradients
+  (`WeightWorkspace`).
 - deferred weight gradients (split-backward schedules: zero_bubble, zbv, v_half, v_min,
   ...): from a micro-batch's I to its W, the gradients that the weight-gradient ops will
   read (a matmul's output gradient dz for x^T dz), computed by I and held for W
