@@ -254,32 +254,32 @@ def Transients(
     the shape and dtype of an input whose last reader it is writes into that input's
     buffer, as TensorFlow's element-wise kernels do (forward_input_or_allocate_output):
     the buffer passes on, nothing is added."""
+    read = [[_Source(x) for x in op.inputs] for op in ops]  # each op's inputs, views resolved
     last = {}
-    for i, op in enumerate(ops):
-        for t in op.inputs:
-            last[_Source(t).ref()] = i
+    for i, sources in enumerate(read):
+        for t in sources:
+            last[t.ref()] = i
     size = {_Source(t).ref(): _Bytes(_Source(t)) for t in list(held) + list(received)}
     start = sum(_Bytes(_Source(t)) for t in held)
     live = peak = sum(size.values())
     for i, op in enumerate(ops):
-        used = any(t.ref() in last or t.ref() in kept for t in op.outputs)
+        outputs = [(t, t.ref()) for t in op.outputs]
+        used = any(r in last or r in kept for _, r in outputs)
         if used and op.type not in _NO_BUFFER and op not in skip:
             # Inputs this op reads last, not kept: their buffers can pass to its outputs.
-            spare = [_Source(x) for x in op.inputs]
-            spare = [x for x in spare if x.ref() in size and last[x.ref()] == i]
+            spare = [x for x in read[i] if x.ref() in size and last[x.ref()] == i]
             spare = [x for x in spare if x.ref() not in kept]
-            for t in op.outputs:
-                if t.ref() in size or not _Bytes(t):
+            for t, r in outputs:
+                if r in size or not _Bytes(t):
                     continue
                 same = [j for j, x in enumerate(spare) if (x.dtype, x.shape) == (t.dtype, t.shape)]
                 if same:  # in place: the input's buffer becomes the output's
-                    size[t.ref()] = size.pop(spare.pop(same[0]).ref())
+                    size[r] = size.pop(spare.pop(same[0]).ref())
                 else:
-                    size[t.ref()] = _Bytes(t)
-                    live += size[t.ref()]
+                    size[r] = _Bytes(t)
+                    live += size[r]
         peak = max(peak, live)
-        for t in list(op.outputs) + [_Source(x) for x in op.inputs]:
-            r = t.ref()
+        for r in [r for _, r in outputs] + [x.ref() for x in read[i]]:
             if r in size and last.get(r, i) <= i and r not in kept:
                 live -= size.pop(r)
     return peak - start, live - start
