@@ -34,8 +34,13 @@ END = "<!-- tables:end -->"
 TITLES: dict[str, tuple[str, str, str]] = {
     "memory": (
         "Peak memory of a training step",
-        "MiB above what was allocated before the step, and % of the plain stack; K stages "
-        "(`stages`), M micro-batches (`M=`). `mlp`: 16 layers of 256 units, batch 8192; "
+        "`peak_mib` the CPU allocator's peak in the step, `step_mib` that peak above what "
+        "was allocated before the step, `vs_plain` step_mib against the plain stack's; K "
+        "stages (`stages`), M micro-batches; `gpipe (tape)`: the layer's FProp "
+        "differentiated under a tape. `estimate_mib`: lingpipe's estimate of one "
+        "allocator's peak over all stages (memory.HostMemory), no optimizer slots (the "
+        "step computes gradients only); `est_device_mib` the largest device's. "
+        "`mlp`: 16 layers of 256 units, batch 8192; "
         "`transformer`: 8 pre-norm layers, d=256, 4 heads, batch 32 x 128 tokens; "
         "`mlp_wide`: 16 x 1024 at batch 1024. On CPU one allocator serves every logical "
         "device, so memory is the step's total over all stages.",
