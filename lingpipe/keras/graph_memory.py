@@ -165,6 +165,15 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int, i
     return saved + (found["deferred"], found["transients"])
 
 
+def _FloatArgs(graph: graph_lib.Graph, i: int) -> int:
+    """Bytes per example of node i's floating-point arguments: what its inputs' gradient
+    holds."""
+    return sum(
+        graph_lib.TensorBytes(graph, x) for x in graph.nodes[i].arg_keys
+        if tf.as_dtype(graph.dtypes[x]).is_floating
+    )  # fmt: skip
+
+
 def WeightBytes(graph: graph_lib.Graph, trainable: bool = False) -> list[int]:
     """Per node, the bytes of its layer's variables (or trainable ones) where the layer is
     first called, 0 at its later calls and for keras.ops operations."""
@@ -289,15 +298,12 @@ class GraphMemory:
             trainable = sum(n.trainable_bytes for n in mine)
             largest = max(n.trainable_bytes for n in mine)
             workspace = max([sent + received] + [rows * n.backward_transient_bytes for n in mine])
-            # A split backward's I, its nodes in reverse order (memory.InputWorkspace).
-            left, in_i = 0, sent + received
-            for n, i in zip(reversed(mine), reversed(idx)):
-                in_i = max(in_i, left + rows * n.input_transient_bytes)
-                args = sum(
-                    graph_lib.TensorBytes(graph, x) for x in graph.nodes[i].arg_keys
-                    if tf.as_dtype(graph.dtypes[x]).is_floating
-                )  # fmt: skip
-                left += rows * (n.input_end_bytes - args)
+            # A split backward's I runs the nodes last first (memory.InputWorkspace).
+            parts = [
+                (rows * n.input_transient_bytes, rows * (n.input_end_bytes - _FloatArgs(graph, i)))
+                for n, i in zip(reversed(mine), reversed(idx))
+            ]
+            in_i = memory.InputPeak(parts, sent + received)
             split = (in_i, largest) if sched.has_backward else (0, 0)
             workspace = workspace + largest if sched.has_backward else 0
             out.append(

@@ -75,6 +75,7 @@ __all__ = [
     "TraceCells",
     "TracedFor",
     "Transients",
+    "InputPeak",
     "InputWorkspace",
     "WeightWorkspace",
     "WeightHeld",
@@ -404,16 +405,23 @@ def Workspace(cells: Sequence[CellMemory]) -> int:
 
 def InputWorkspace(cells: Sequence[CellMemory]) -> int:
     """Bytes a stage's split backward's I holds besides the activations, for one
-    micro-batch: over its cells in the order I runs them (the last first), the most
-    that one cell's I holds at once (CellMemory.input_transient_bytes) on top of what
-    the cells before it left for W (input_end_bytes, less the inputs' gradient each
-    passes to the next); at least the gradients received and sent on."""
-    passing = cells[-1].output_bytes + cells[0].input_bytes
-    left, most = 0, 0
-    for c in reversed(cells):
-        most = max(most, left + c.input_transient_bytes)
-        left += c.input_end_bytes - c.input_bytes
-    return max(passing, most)
+    micro-batch (InputPeak over its cells, the last first: I runs them so), each cell
+    leaving what it made for W less the inputs' gradient it passes to the next; at least
+    the gradients received and sent on."""
+    parts = [(c.input_transient_bytes, c.input_end_bytes - c.input_bytes) for c in cells]
+    return InputPeak(parts[::-1], cells[-1].output_bytes + cells[0].input_bytes)
+
+
+def InputPeak(parts: Sequence[tuple[int, int]], least: int = 0) -> int:
+    """The most a split backward's I holds at once over units (cells, Keras layer calls)
+    given in the order it runs them, each as (the most its own I holds at once, what it
+    leaves for the units after it): a unit's peak on top of what the units before it
+    left; at least `least`."""
+    left, most = 0, least
+    for transient, leaves in parts:
+        most = max(most, left + transient)
+        left += leaves
+    return most
 
 
 def WeightWorkspace(cells: Sequence[CellMemory]) -> int:
