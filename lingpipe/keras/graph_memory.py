@@ -10,9 +10,11 @@ graph's layer calls (nodes) as the units:
   its nodes' backwards read; alive per the schedule (memory.ActivationEvents over the
   simulated schedule, remat.Kept for the policy); a device sums its stages'
   (memory.DeviceMemory);
-- workspace: a backward's transients for one micro-batch, as memory.Workspace counts
-  them: the largest of the gradients passed across the stage and each node's own
-  (memory.Transients over its traced gradient ops), and the largest weight gradient.
+- workspace: a backward's transients for one micro-batch, as memory.StageWorkspaces
+  counts them: each node's own (memory.Transients over its traced gradient ops, what
+  it frees of its activations too), on top of what the nodes whose backward ran before
+  it left, at least the gradients passed across the stage, and the largest weight
+  gradient.
 
 What a node's backward reads is found, not guessed: `TraceNodes` traces each node's
 forward and its tf.gradients in a tf.function that never runs (nothing is allocated)
@@ -69,9 +71,9 @@ class NodeMemory:
         weight-only gradient ops read (held from a split backward's I to its W).
       deferred_bytes: the gradients its weight-only gradient ops read from the rest of
         its backward, per example (memory.CellMemory.deferred_bytes).
-      backward_transient_bytes: the most its backward holds at once beyond its saved
-        activations, weight-only ops left out, per example
-        (memory.CellMemory.backward_transient_bytes).
+      backward_transient_bytes, backward_end_bytes: the most its backward holds at once
+        beyond its saved activations, weight-only ops left out, and what it leaves at
+        its end, per example (memory.CellMemory's).
       input_transient_bytes, input_end_bytes: a split backward's I's, likewise
         (memory.CellMemory's).
     """
@@ -86,6 +88,7 @@ class NodeMemory:
     weight_internal_bytes: int = 0
     deferred_bytes: int = 0
     backward_transient_bytes: int = 0
+    backward_end_bytes: int = 0
     input_transient_bytes: int = 0
     input_end_bytes: int = 0
 
@@ -130,10 +133,14 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int, i
         deferred = memory.DeferredBytes(backward, weight_only)
         found.update(forward=forward, args=args, outputs=outputs, backward=backward)
         found.update(weight_only=weight_only, deferred=deferred)
+        # What it reads of its own forward: its arguments are other nodes' outputs (or the
+        # stage's inputs), whose backwards may read them after it, so it frees none.
+        arg_refs = {x.ref() for x in args}
         held = {
             _Source(t).ref(): _Source(t)
             for op in backward for t in op.inputs
             if _Source(t).op in forward and _Source(t).op.type not in _NOT_ACTIVATIONS
+            and _Source(t).ref() not in arg_refs
         }  # fmt: skip
         found["transients"] = memory.BackwardTransients(
             backward, weight_only, list(held.values()), dys, grads[: len(xs)]
@@ -218,8 +225,9 @@ def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> li
                 weight_internal_bytes=w_internal,
                 deferred_bytes=deferred,
                 backward_transient_bytes=transients[0],
-                input_transient_bytes=transients[1],
-                input_end_bytes=transients[2],
+                backward_end_bytes=transients[1],
+                input_transient_bytes=transients[2],
+                input_end_bytes=transients[3],
             )
         )
     return out
@@ -296,27 +304,28 @@ class GraphMemory:
                 sim, m, k, kept, boundary, internal, deferred, min(held, boundary + internal)
             )
             trainable = sum(n.trainable_bytes for n in mine)
-            largest = max(n.trainable_bytes for n in mine)
-            workspace = max([sent + received] + [rows * n.backward_transient_bytes for n in mine])
-            # A split backward's I runs the nodes last first (memory.InputWorkspace).
-            parts = [
-                (rows * n.input_transient_bytes, rows * (n.input_end_bytes - _FloatArgs(graph, i)))
-                for n, i in zip(reversed(mine), reversed(idx))
+            units = [
+                memory.Unit(
+                    transient=rows * n.backward_transient_bytes,
+                    leaves=rows * (n.backward_end_bytes - _FloatArgs(graph, i)),
+                    input_transient=rows * n.input_transient_bytes,
+                    input_leaves=rows * (n.input_end_bytes - _FloatArgs(graph, i)),
+                    gradients=n.trainable_bytes,
+                )
+                for n, i in zip(mine, idx)
             ]
-            in_i = memory.InputPeak(parts, sent + received)
-            split = (in_i, largest) if sched.has_backward else (0, 0)
-            workspace = workspace + largest if sched.has_backward else 0
+            spaces = memory.StageWorkspaces(units, received, sent)
             out.append(
                 memory.StageMemory(
                     weights=sum(n.weight_bytes for n in mine),
                     gradients=trainable,
                     optimizer_slots=int(self.slots_per_weight * trainable),
                     activations=simulate.PeakOf(events) + (batch_bytes if k == 0 else 0),
-                    workspace=max(workspace, *split),
+                    workspace=spaces.most if sched.has_backward else 0,
                     peak_alive=sim.peak_alive[k],
                     events=tuple(events),
                     alive_events=tuple(memory.ActivationEvents(sim, m, k, set(), 1, 0, ramp=False)),
-                    step_events=tuple(memory.StepEvents(sim, k, trainable, workspace, split)),
+                    step_events=tuple(memory.StepEvents(sim, k, trainable, spaces)),
                 )
             )
         return out

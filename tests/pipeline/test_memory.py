@@ -9,8 +9,11 @@ cells; batch 16, M=4 micro-batches of 4 rows. By hand, in bytes:
   keeps its input (the boundary, 128) and two ReLU outputs (internal, 256; the
   first one's output is the second one's input, counted once).
 - stage 0's micro-batches are slices of the batch [16, 8], 512, alive all step.
-- a backward's workspace: the gradient received (128) and sent (128) and one
-  cell's weight gradient (288): 544.
+- a backward's workspace, beside the activations: a cell's backward receives its
+  output's gradient (128), writes the ReLU's gradient into it (in place), frees the
+  ReLU's output (128) that only it reads, then makes its input's gradient (128): one
+  activation's worth at most, as the next cell's does after it; and one cell's weight
+  gradient (288) before it joins the sum: 416.
 """
 
 import dataclasses
@@ -62,7 +65,7 @@ def test_estimate_matches_hand_computed_mlp(schedule, remat):
     assert [m.activations for m in got] == list(EXPECTED[(schedule, remat)])
     for m in got:
         assert (m.weights, m.gradients, m.optimizer_slots) == (STAGE_W, STAGE_W, 2 * STAGE_W)
-        assert m.workspace == 2 * ACT + CELL_W
+        assert m.workspace == ACT + CELL_W
         assert m.total == 4 * STAGE_W + m.activations + m.workspace
     alive = {"gpipe": [4, 4], "1f1b": [2, 1]}[schedule]
     assert [m.peak_alive for m in got] == alive
@@ -246,13 +249,15 @@ def test_the_workspace_holds_the_widest_gradient_a_cell_s_backward_passes_on():
     (traced,) = memory.TracedFor(p, [cell], ([16, 8],), 1)
     assert traced.backward_transient_bytes == 4096 + 512
     weights = (8 * 64 + 64 + 64 * 8 + 8) * 4
-    assert memory.Workspace([traced]) == 4096 + 512 + weights
     # Split, I holds what W will read from when it makes it: the gradient received (for
     # the second kernel's) and the wide one (for the first's), with the inputs' gradient
     # it sends at the end; W holds the weights' gradients.
     assert (traced.input_transient_bytes, traced.input_end_bytes) == (512 + 4096 + 512,) * 2
-    assert memory.InputWorkspace([traced]) == 512 + 4096 + 512
-    assert memory.WeightWorkspace([traced]) == weights
+    spaces = memory.StageWorkspaces(memory.Units([traced]), 512, 512)
+    assert (spaces.input, spaces.weight) == (512 + 4096 + 512, weights)
+    # A B whose runtime runs the weights' gradient ops last holds what I holds: the
+    # workspace takes the larger walk.
+    assert spaces.backward == 512 + 4096 + 512 + weights
 
 
 def test_transients_pass_a_buffer_to_an_element_wise_op_that_reads_it_last():
@@ -322,10 +327,12 @@ def test_a_v_shaped_split_schedule_holds_the_deferred_gradients_of_both_its_stag
 
 def test_one_allocator_s_peak_is_the_stages_joint_peak_not_their_peaks_added():
     # GPipe, K=2, M=1 under unit costs: F0 [0, 1], F1 [1, 2], B1 [2, 4], B0 [4, 6]. Each
-    # stage: 2 bytes of weights, 4 of slots, 4 of gradients (from its backward on),
-    # 5 of activations (F to B) and 3 of workspace (during B).
+    # stage: 2 bytes of weights, 4 of slots, 5 of activations (F to B), 4 of gradients
+    # and a backward that holds 3 of workspace beside them; its first B (its only one
+    # here) makes the gradients as it runs and holds at most 6 (Workspaces.first).
     sched = generators.Make("gpipe", 2, 1)
     sim = simulate.Simulate(sched)
+    spaces = memory.Workspaces(backward=3, first=6, input=3, weight=3)
     stages = []
     for k in range(2):
         events = memory.ActivationEvents(sim, 1, k, {(0, 0), (1, 0)}, 0, 5)
@@ -338,17 +345,55 @@ def test_one_allocator_s_peak_is_the_stages_joint_peak_not_their_peaks_added():
                 workspace=3,
                 peak_alive=1,
                 events=tuple(events),
-                step_events=tuple(memory.StepEvents(sim, k, 4, 3)),
+                step_events=tuple(memory.StepEvents(sim, k, 4, spaces)),
             )
         )
+    # The gradients are whole from the end of the first B: 4 from 4 on for stage 1.
+    assert sorted(stages[1].step_events) == [(2.0, 6), (4.0, -6), (4.0, 4)]
+    # A device with its own allocator: 6 of weights and slots; in [2, 4) (B1), 5 of
+    # activations and 6 of the first B: 17; the parts added (workspace and gradients at
+    # once) are 18.
     per_device = [[stages[0]], [stages[1]]]
-    assert [memory.DeviceMemory(ms).total for ms in per_device] == [18, 18]
-    # In [2, 4): both stages' activations, stage 1's gradients and workspace: 17; after
-    # 4, stage 1's activations and workspace are freed: 16. Plus 12 of weights and slots.
-    assert memory.HostMemory(per_device) == 12 + 17
-    # Without step events (an estimate made before them): the sum of the devices.
+    assert [memory.DeviceMemory(ms).total for ms in per_device] == [17, 17]
+    assert [sum(dataclasses.astuple(s)[:5]) for s in stages] == [18, 18]
+    # One allocator for both: in [2, 4), both stages' activations and B1's 6: 16; in
+    # [4, 6), stage 0's activations, stage 1's gradients and B0's 6: 15. Plus 12.
+    assert memory.HostMemory(per_device) == 12 + 16
+    # Without step events (an estimate made before them): the parts of each, added.
     bare = [[dataclasses.replace(s, step_events=()) for s in ms] for ms in per_device]
     assert memory.HostMemory(bare) == 36
+
+
+def test_a_split_backward_s_gradients_are_whole_from_its_first_w():
+    # Zero bubble, K=2, M=1 under unit costs: I1 [2, 3], W1 [3, 4], I0 [3, 4], W0 [4, 5].
+    sched = generators.Make("zero_bubble", 2, 1)
+    sim = simulate.Simulate(sched)
+    spaces = memory.Workspaces(backward=30, first=60, input=7, weight=3)
+    got = sorted(memory.StepEvents(sim, 1, 4, spaces))
+    # I holds its 7; W its 3, and the gradients are whole from its start (an I makes none).
+    assert got == [(2.0, 7), (3.0, -7), (3.0, 3), (3.0, 4), (4.0, -3)]
+    # A forward-only schedule has no backward: nothing.
+    forward_only = simulate.Simulate(generators.Make("forward_only", 2, 1))
+    assert memory.StepEvents(forward_only, 1, 4, spaces) == []
+
+
+def test_a_backward_frees_each_cell_s_activations_as_it_passes_it():
+    # Three cells; the backward meets the last first. The first cell holds 20 at its
+    # peak and frees nothing (its inputs are the stage's); the two after it hold 4 (2
+    # in a B in graph order, 4 in an I) and free 10 of their activations each.
+    # Gradients of 8 per cell.
+    units = [memory.Unit(20, 0, 20, 0, 8)] + [memory.Unit(2, -10, 4, -10, 8)] * 2
+    spaces = memory.StageWorkspaces(units, received=2, sent=3)
+    # A B: 4 with every activation alive, then 4 - 10, then 20 - 20: 4 at most, at
+    # least the larger of the gradients received and sent; plus the largest weight
+    # gradient (8). (Counting every activation to the end, it was 20 + 8.)
+    assert spaces.backward == 4 + 8
+    # The first B keeps each cell's gradients: 4 + 8, then -2 + 12, then -4 + 28.
+    assert spaces.first == 24
+    # I: likewise, at least the gradients received and sent (it holds both); W, the
+    # largest weight gradient.
+    assert (spaces.input, spaces.weight) == (5, 8)
+    assert memory.WalkPeak([(4, -10), (4, -10), (20, 0)], least=0) == 4
 
 
 def test_a_replay_builds_its_activations_as_it_runs_and_w_frees_what_it_reads_as_it_runs():

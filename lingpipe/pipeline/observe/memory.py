@@ -9,14 +9,16 @@ Per stage:
   remat policy: the peak over the schedule's simulated time of what the micro-batches
   hold (`ActivationEvents`).
 - workspace: what one micro-batch's backward makes and frees within its action, beyond
-  the activations: the gradients passed from op to op (at least those of the stage's
-  outputs, received, and inputs, sent on) and the largest weight gradient before it
-  joins the sum. Each cell's is found by walking its traced gradient ops in order, each
+  the activations: the gradients passed from op to op and the largest weight gradient
+  before it joins the sum. Each cell's backward is walked op by op in order, each
   tensor alive from its op to its last reader, an element-wise op writing into an
-  input it reads last (`Transients`); a stage's is its largest cell's (`Workspace`),
-  held while each backward of the stage runs. A split backward's I holds what W will
-  read from the moment it makes it (`InputWorkspace`); W, the weights' gradients
-  (`WeightWorkspace`).
+  input it reads last (`Transients`): what it holds at most, and what it leaves at its
+  end (its activations freed, below 0). A backward runs its stage's cells last first,
+  each cell's peak on top of what the cells before it left (`StageWorkspaces`): a
+  stage's backward frees its activations cell by cell. In the stage's first backward
+  each cell's weight gradients stay, as the running sum; the gradients are counted
+  whole from its end. A split backward's I holds what W will read from the moment it
+  makes it; W, the weights' gradients.
 - deferred weight gradients (split-backward schedules: zero_bubble, zbv, v_half, v_min,
   ...): from a micro-batch's I to its W, the gradients that the weight-gradient ops will
   read (a matmul's output gradient dz for x^T dz), computed by I and held for W
@@ -47,6 +49,7 @@ from lingpipe import base_layer, hyperparams, optimizers
 from lingpipe.pipeline.planning import costs
 from lingpipe.pipeline.schedules import simulate
 from lingpipe.pipeline.schedules.schedule import (
+    BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
     FORWARD,
@@ -75,11 +78,12 @@ __all__ = [
     "TraceCells",
     "TracedFor",
     "Transients",
-    "InputPeak",
-    "InputWorkspace",
-    "WeightWorkspace",
     "WeightHeld",
-    "Workspace",
+    "StageWorkspaces",
+    "Unit",
+    "Units",
+    "WalkPeak",
+    "Workspaces",
 ]
 
 # Ops whose output shares its input's buffer: a saved view costs what its source costs.
@@ -106,10 +110,12 @@ class CellMemory:
       weight_saved_bytes: the part of `saved_bytes` that the weight-only gradient ops
         read: what a split backward's I leaves alive for W. None: not traced (all of it).
       weight_input_saved_bytes: the part of `input_saved_bytes` they read (None: all).
-      backward_transient_bytes: the most its backward holds at once beyond its saved
-        activations (the outputs' gradients received, its inputs' gradients, what
-        passes between), leaving out the weight-only gradient ops' tensors (Workspace
-        adds the largest weight gradient): Transients.
+      backward_transient_bytes, backward_end_bytes: the most its backward holds at once
+        beyond its saved activations (the outputs' gradients received, its inputs'
+        gradients, what passes between), leaving out the weight-only gradient ops'
+        tensors (the workspace adds the largest weight gradient), and what it leaves
+        beyond them at its end, its inputs' gradients included (below 0 where it frees
+        more than it makes): BackwardTransients.
       input_transient_bytes, input_end_bytes: the most a split backward's I holds at
         once beyond the saved activations, and what it leaves beyond them at its end
         (below 0 where it frees more than it makes): BackwardTransients.
@@ -129,6 +135,7 @@ class CellMemory:
     weight_saved_bytes: int | None = None
     weight_input_saved_bytes: int | None = None
     backward_transient_bytes: int = 0
+    backward_end_bytes: int = 0
     input_transient_bytes: int = 0
     input_end_bytes: int = 0
 
@@ -141,17 +148,21 @@ class StageMemory:
     gradients: int
     optimizer_slots: int
     activations: int
-    workspace: int  # a backward's transients: see Workspace
+    workspace: int  # a backward's transients beside the gradients (Workspaces.most)
     peak_alive: int  # most micro-batches alive at once (simulate.Simulation.peak_alive)
     # (time, delta) of the activation bytes and of the alive micro-batches, for DeviceMemory.
     events: tuple = dataclasses.field(default=(), repr=False, compare=False)
     alive_events: tuple = dataclasses.field(default=(), repr=False, compare=False)
-    # (time, delta) of the gradients (from the first backward on) and of the workspace
-    # (while each backward runs), for HostMemory (StepEvents).
+    # (time, delta) of the gradients and of the workspace, for HostMemory (StepEvents).
     step_events: tuple = dataclasses.field(default=(), repr=False, compare=False)
+    # The parts' joint peak over the step where it is known (DeviceMemory): at most
+    # their sum, which peak at different times.
+    joint: int | None = None
 
     @property
     def total(self) -> int:
+        if self.joint is not None:
+            return self.joint
         return (
             self.weights + self.gradients + self.optimizer_slots + self.activations + self.workspace
         )
@@ -214,8 +225,9 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
         weight_saved_bytes=sum(b for r, b in for_weights.items() if r not in inputs_ref),
         weight_input_saved_bytes=sum(b for r, b in for_weights.items() if r in inputs_ref),
         backward_transient_bytes=transients[0],
-        input_transient_bytes=transients[1],
-        input_end_bytes=transients[2],
+        backward_end_bytes=transients[1],
+        input_transient_bytes=transients[2],
+        input_end_bytes=transients[3],
     )
 
 
@@ -292,19 +304,19 @@ def BackwardTransients(
     saved: Sequence[Any],
     dys: Sequence[Any],
     input_grads: Sequence[Any],
-) -> tuple[int, int, int]:
-    """(B's transient, I's transient, what I leaves beyond `saved`) of one cell's traced
-    backward (Transients), from the gradients of its outputs `dys` to those of its
-    inputs: B runs the ops in graph order, the weight-only ops' tensors left out (the
-    workspace adds the largest weight gradient); I runs the rest, and holds what the
-    weight-only ops will read (the gradients it makes for W, the saved tensors W reads)
-    to its end, however early it made them."""
+) -> tuple[int, int, int, int]:
+    """(B's transient, what B leaves beyond `saved`, I's transient, what I leaves) of
+    one cell's traced backward (Transients), from the gradients of its outputs `dys` to
+    those of its inputs: B runs the ops in graph order, the weight-only ops' tensors
+    left out (the workspace adds the largest weight gradient); I runs the rest, and
+    holds what the weight-only ops will read (the gradients it makes for W, the saved
+    tensors W reads) to its end, however early it made them."""
     dxs = {_Source(g).ref() for g in input_grads if g is not None}
-    b, _ = Transients(backward, dxs, weight_only, held=saved, received=dys)
+    b, b_end = Transients(backward, dxs, weight_only, held=saved, received=dys)
     for_w = {_Source(t).ref() for op in weight_only for t in op.inputs}
     i_ops = [op for op in backward if op not in weight_only]
     i, i_end = Transients(i_ops, dxs | for_w, held=saved, received=dys)
-    return b, i, i_end
+    return b, b_end, i, i_end
 
 
 def DeferredBytes(backward: list, weight_only: set) -> int:
@@ -394,27 +406,79 @@ def WeightHeld(cells: Sequence[CellMemory], boundary: int, internal: int) -> int
     return min(boundary, cells[0].weight_input_saved_bytes) + min(internal, inner)
 
 
-def Workspace(cells: Sequence[CellMemory]) -> int:
-    """Bytes a stage's backward holds besides the activations, for one micro-batch: the
-    most that one of its cells' backward makes at once (CellMemory.backward_transient_bytes;
-    at least the gradients of the stage's outputs, received, and of its inputs, sent
-    on) and the largest weight gradient before it joins the running sum."""
-    passing = cells[-1].output_bytes + cells[0].input_bytes
-    return max([passing] + [c.backward_transient_bytes for c in cells]) + WeightWorkspace(cells)
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """One cell's (one Keras layer call's) backward for one micro-batch, as a stage's
+    workspace needs it (bytes; Transients' figures): B's most at once and what it
+    leaves at its end, the inputs' gradient it passes on left out (below 0: it frees
+    its activations); the same of a split backward's I (what it leaves for W
+    included); its weights' gradients."""
+
+    transient: int
+    leaves: int
+    input_transient: int
+    input_leaves: int
+    gradients: int
 
 
-def InputWorkspace(cells: Sequence[CellMemory]) -> int:
-    """Bytes a stage's split backward's I holds besides the activations, for one
-    micro-batch (InputPeak over its cells, the last first: I runs them so), each cell
-    leaving what it made for W less the inputs' gradient it passes to the next; at least
-    the gradients received and sent on."""
-    parts = [(c.input_transient_bytes, c.input_end_bytes - c.input_bytes) for c in cells]
-    return InputPeak(parts[::-1], cells[-1].output_bytes + cells[0].input_bytes)
+@dataclasses.dataclass(frozen=True)
+class Workspaces:
+    """What a stage's backward actions hold besides the activations, for one micro-batch
+    (StageWorkspaces): a B beside the running sum of the gradients; the stage's first B,
+    whose weights' gradients become that sum; a split backward's I; its W."""
+
+    backward: int
+    first: int
+    input: int
+    weight: int
+
+    @property
+    def most(self) -> int:
+        """The most of them that the gradients do not already count."""
+        return max(self.backward, self.input, self.weight)
 
 
-def InputPeak(parts: Sequence[tuple[int, int]], least: int = 0) -> int:
-    """The most a split backward's I holds at once over units (cells, Keras layer calls)
-    given in the order it runs them, each as (the most its own I holds at once, what it
+def Units(cells: Sequence[CellMemory]) -> list[Unit]:
+    """Each cell's Unit, from its CellMemory."""
+    return [
+        Unit(
+            transient=c.backward_transient_bytes,
+            leaves=c.backward_end_bytes - c.input_bytes,
+            input_transient=c.input_transient_bytes,
+            input_leaves=c.input_end_bytes - c.input_bytes,
+            gradients=sum(map(math.prod, c.trainable_shapes)) * c.dtype_size,
+        )
+        for c in cells
+    ]
+
+
+def StageWorkspaces(units: Sequence[Unit], received: int, sent: int) -> Workspaces:
+    """A stage's Workspaces from its units in order (the backward runs them last first),
+    the gradients it receives and sends on.
+
+    A B runs a unit's weight-gradient ops when the runtime gets to them, which under
+    load (two devices' backwards sharing the host's threads) is as late as a split
+    backward's W: each unit holds the larger of its B's and its I's peaks (its I holds
+    what those ops read until its end). It leaves what its B leaves: the order of the
+    ops changes its peak, not its end. A B holds at least the larger of the gradients
+    received and sent; a split I, both (it keeps what it received for W). A B's largest
+    weight gradient is made before it joins the running sum; in the first B, each
+    unit's stays."""
+    order = units[::-1]
+    largest = max(u.gradients for u in units)
+    least = max(received, sent)
+    peaks = [max(u.transient, u.input_transient) for u in order]
+    backward = WalkPeak([(p, u.leaves) for p, u in zip(peaks, order)], least) + largest
+    first = WalkPeak(
+        [(p + u.gradients, u.leaves + u.gradients) for p, u in zip(peaks, order)], least
+    )
+    split = WalkPeak([(u.input_transient, u.input_leaves) for u in order], received + sent)
+    return Workspaces(backward=backward, first=first, input=split, weight=largest)
+
+
+def WalkPeak(parts: Sequence[tuple[int, int]], least: int = 0) -> int:
+    """The most a backward holds at once over units (cells, Keras layer calls) given in
+    the order it runs them, each as (the most its own backward holds at once, what it
     leaves for the units after it): a unit's peak on top of what the units before it
     left; at least `least`."""
     left, most = 0, least
@@ -422,12 +486,6 @@ def InputPeak(parts: Sequence[tuple[int, int]], least: int = 0) -> int:
         most = max(most, left + transient)
         left += leaves
     return most
-
-
-def WeightWorkspace(cells: Sequence[CellMemory]) -> int:
-    """Bytes a stage's W holds besides what it reads, for one micro-batch: the largest
-    cell's weight gradients before they join the running sum."""
-    return max(sum(map(math.prod, c.trainable_shapes)) * c.dtype_size for c in cells)
 
 
 # W frees what it reads as its ops run: in this many equal shares through its time.
@@ -494,8 +552,11 @@ def DeviceMemory(stages: Sequence[StageMemory]) -> StageMemory:
     """The memory of a device that runs `stages` (Estimate's entries for them): weights,
     gradients and slots add up; activations peak over the stages' events together; a
     device runs one backward at a time, so the largest workspace; peak_alive is the
-    most (stage, micro-batch) pairs alive at once."""
+    most (stage, micro-batch) pairs alive at once. Its total is the joint peak of all
+    of them over the step (HostMemory of this one device) where the stages have step
+    events."""
     acts = simulate.PeakOf([e for s in stages for e in s.events])
+    timed = all(s.step_events or not s.gradients for s in stages)
     return StageMemory(
         weights=sum(s.weights for s in stages),
         gradients=sum(s.gradients for s in stages),
@@ -503,25 +564,32 @@ def DeviceMemory(stages: Sequence[StageMemory]) -> StageMemory:
         activations=acts + sum(s.activations - simulate.PeakOf(s.events) for s in stages),
         workspace=max(s.workspace for s in stages),
         peak_alive=simulate.PeakOf([e for s in stages for e in s.alive_events]),
+        joint=HostMemory([stages]) if timed else None,
     )
 
 
-def StepEvents(
-    sim: Any, stage: int, gradients: int, workspace: int, split: tuple[int, int] | None = None
-) -> list[tuple[float, int]]:
-    """(time, +bytes or -bytes) in `sim` of stage `stage`'s gradients (from the start of
-    its first backward action to the step's end) and workspace while each of its
-    backward actions runs: `workspace` in a B; in a split backward's I and W, `split`'s
-    (InputWorkspace, WeightWorkspace), `workspace` for both where None."""
+def StepEvents(sim: Any, stage: int, gradients: int, spaces: Workspaces) -> list[tuple[float, int]]:
+    """(time, +bytes or -bytes) in `sim` of stage `stage`'s gradients and workspace
+    (`spaces`, StageWorkspaces). The workspace is held while each backward action runs:
+    a B's, the first B's (which makes the gradients as it goes, held by it), an I's or a
+    W's. The gradients are whole from the end of the first B, or from the start of the
+    first W where the backward is split (an I makes none)."""
     backs = [a for a in sim.start if a.stage == stage and a.kind != FORWARD]
-    if not backs:
+    makers = [
+        a for a in backs
+        if a.kind != BACKWARD_INPUT
+        or Action(BACKWARD_WEIGHT, stage, a.micro_batch) not in sim.start
+    ]  # fmt: skip
+    if not makers:
         return []
-    events = [(min(sim.start[a] for a in backs), gradients)]
-    held = {BACKWARD_INPUT: split[0], BACKWARD_WEIGHT: split[1]} if split else {}
+    first = min(makers, key=lambda a: (sim.start[a], a))
+    held = {BACKWARD: spaces.backward, BACKWARD_INPUT: spaces.input, BACKWARD_WEIGHT: spaces.weight}
+    events = []
     for a in backs:
-        bytes_ = held.get(a.kind, workspace)
+        bytes_ = spaces.first if a == first and a.kind != BACKWARD_WEIGHT else held[a.kind]
         events += [(sim.start[a], bytes_), (sim.end[a], -bytes_)]
-    return events
+    whole = sim.start[first] if first.kind == BACKWARD_WEIGHT else sim.end[first]
+    return events + [(whole, gradients)]
 
 
 def HostMemory(per_device: Sequence[Sequence[StageMemory]]) -> int:
@@ -533,7 +601,7 @@ def HostMemory(per_device: Sequence[Sequence[StageMemory]]) -> int:
     stage has no step events."""
     stages = [s for ms in per_device for s in ms]
     if not all(s.step_events or not s.gradients for s in stages):
-        return sum(DeviceMemory(ms).total for ms in per_device)
+        return sum(DeviceMemory(ms).total for ms in per_device)  # each its parts' sum
     events = [e for s in stages for e in s.events + s.step_events]
     held = sum(s.activations - simulate.PeakOf(list(s.events)) for s in stages)
     static = sum(s.weights + s.optimizer_slots for s in stages)
@@ -637,8 +705,7 @@ def Estimate(
         deferred = sum(c.deferred_bytes for c in mine)
         for_w = WeightHeld(mine, boundary, internal)
         gradients = sum(map(math.prod, shapes)) * size
-        workspace = Workspace(mine) if sched.has_backward else 0
-        split = InputWorkspace(mine), WeightWorkspace(mine)
+        spaces = StageWorkspaces(Units(mine), mine[-1].output_bytes, mine[0].input_bytes)
         events = ActivationEvents(
             sim, sched.num_micro_batches, k, kept, boundary, internal, deferred, for_w
         )
@@ -649,11 +716,11 @@ def Estimate(
                 gradients=gradients,
                 optimizer_slots=SlotBytes(optimizer, shapes, size),
                 activations=simulate.PeakOf(events) + (batch_bytes if k == 0 else 0),
-                workspace=max(workspace, *split) if sched.has_backward else 0,
+                workspace=spaces.most if sched.has_backward else 0,
                 peak_alive=sim.peak_alive[k],
                 events=tuple(events),
                 alive_events=tuple(alive),
-                step_events=tuple(StepEvents(sim, k, gradients, workspace, split)),
+                step_events=tuple(StepEvents(sim, k, gradients, spaces)),
             )
         )
     return out
