@@ -25,6 +25,7 @@ def _Run(tmp_path, *flags):
     return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_plan_and_its_json(tmp_path):
     out = tmp_path / "plan.json"
     done = _Run(tmp_path, "--devices=2", "--memory_per_device=8MiB", f"--json={out}")

@@ -8,8 +8,16 @@ import re
 import conformance
 import pytest
 
+# 1F1B interleaves forwards and backwards as zbv does, which also splits the backward and
+# places stages in a V: under 1F1B a feature is a further proof (extended), not a new one.
 CASES = [
-    pytest.param(name, schedule, "Pipeline", id=f"{name} [{schedule}]")
+    pytest.param(
+        name,
+        schedule,
+        "Pipeline",
+        id=f"{name} [{schedule}]",
+        marks=[pytest.mark.extended] if schedule == "1f1b" and len(feature.schedules) > 2 else [],
+    )
     for name, feature in conformance.FEATURES.items()
     for schedule in feature.schedules
 ] + [

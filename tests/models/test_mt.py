@@ -87,6 +87,7 @@ def test_pipelined_equals_unpipelined(num_stages, num_micro_batches):
     AssertGradsClose(got_grads, want_grads)
 
 
+@pytest.mark.extended  # test_gpipe_equivalence's dropout under every remat policy stays
 def test_dropout_is_the_same_for_the_same_micro_batches():
     # Masks are drawn per micro-batch, so the reference keeps M and drops the stages.
     kw = dict(dropout_prob=0.2, atten_dropout_prob=0.1)

@@ -29,11 +29,22 @@ from lingpipe.pipeline.schedules import generators, schedule
 REMATS = ("always", "except_last", "never")
 FOUR = generators.SCHEDULES[:4]  # gpipe, 1f1b, interleaved_1f1b, zero_bubble
 CASES = [c for c in ALL if c[0] in FOUR]  # every K, M and v that can run (test_schedule)
-# The other schedules (V placement among them), each case once, the remat policy rotating.
+# The other schedules (V placement among them), the remat policy rotating. For each
+# schedule and v, two (K, M) diagonals meet every K and every M twice, M below K and
+# above it; the rest of every K, M and v that can run is a further proof (extended).
+_DIAGONALS = {
+    (k, m)
+    for a, k in enumerate((1, 2, 3, 4))
+    for b, m in enumerate((1, 2, 4, 8))
+    if (b - a) % 4 in (0, 2)
+}
 OTHERS = [
-    (name, k, m, v, REMATS[(k + i) % 3])
+    pytest.param(
+        name, k, m, v, REMATS[(k + i) % 3],
+        marks=[] if (k, m) in _DIAGONALS or name == "dualpipev" else [pytest.mark.extended],
+    )
     for i, (name, k, m, v) in enumerate(c for c in ALL if c[0] not in FOUR)
-]
+]  # fmt: skip
 # Two orthogonal Latin squares over GF(4) (a + b and a + 2b) on K (rows) and M
 # (columns) pick the schedule and the remat policy (its fourth level is 'always'
 # again): 16 cases in which every pair of values of any two of K, M, schedule and
