@@ -30,6 +30,7 @@ import threading
 __all__ = [
     "ReadTask",
     "Run",
+    "StopSignals",
     "WorkerError",
     "main",
 ]
@@ -102,22 +103,27 @@ def _StartServer(cluster: dict, task_type: str, index: int, logical_devices: int
     return server, _OfferedDevices(task_type, index, num_cpus, num_gpus)
 
 
-def _WaitForStop() -> str:
-    """Blocks until SIGTERM or SIGINT; returns the signal's name."""
-    received: list[str] = []
-    done = threading.Event()
+class StopSignals:
+    """SIGTERM and SIGINT caught from construction on (installed before the worker says
+    it is ready, so that a signal sent on 'ready' is never the default's silent exit);
+    Wait() blocks until one came and returns its name."""
 
-    def Handle(signum, frame) -> None:
-        received.append(signal.Signals(signum).name)
-        done.set()
+    def __init__(self) -> None:
+        self._received: list[str] = []
+        self._done = threading.Event()
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, self._Handle)
 
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, Handle)
-    # A timed wait, so that the handler runs (Python runs handlers between bytecodes;
-    # the server's own join() would hold the main thread in C++ for good).
-    while not done.wait(0.5):
-        pass
-    return received[0]
+    def _Handle(self, signum, frame) -> None:
+        self._received.append(signal.Signals(signum).name)
+        self._done.set()
+
+    def Wait(self) -> str:
+        # A timed wait, so that the handler runs (Python runs handlers between bytecodes;
+        # the server's own join() would hold the main thread in C++ for good).
+        while not self._done.wait(0.5):
+            pass
+        return self._received[0]
 
 
 def _Flags(argv: list[str]) -> argparse.Namespace:
@@ -156,11 +162,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{_PROG}: error: cannot serve {address}: {type(e).__name__}: {reason}", file=sys.stderr
         )
         return 1
+    stop = StopSignals()
     print(f"{_PROG}: serving {task_type} {index} at {address} with {len(devices)} device(s):")
     for d in devices:
         print(f"  {d}")
     print(f"{_PROG}: ready", flush=True)
-    name = _WaitForStop()
+    name = stop.Wait()
     print(f"{_PROG}: stopped by {name}", flush=True)
     # The server has no clean shutdown; its threads would keep a normal exit waiting.
     os._exit(0)

@@ -203,6 +203,47 @@ def test_tensorflow_log_noise_is_dropped_and_others_kept():
     assert seen == ["something else"] * 2
 
 
+def test_the_worker_catches_a_stop_signal_sent_the_moment_it_says_ready(monkeypatch, capsys):
+    # The stage host's test below stops it on 'ready'. Its handler once came after the
+    # line, and a SIGTERM in between ended it silently (the default action), one run
+    # in a few: here the signal is sent from within the print of 'ready' itself.
+    import json
+    import signal
+
+    from lingpipe import tf_logs, worker
+
+    config = {
+        "cluster": {"chief": ["a:1"], "worker": ["b:2"]},
+        "task": {"type": "worker", "index": 0},
+    }
+    monkeypatch.setenv("TF_CONFIG", json.dumps(config))
+    monkeypatch.setattr(tf_logs, "ImportTensorFlow", lambda: None)
+    monkeypatch.setattr(worker, "_StartServer", lambda *args: (None, ["/device:CPU:0"]))
+
+    def Exit(code):
+        raise SystemExit(code)
+
+    def Print(*args, **kwargs):
+        print(*args, **kwargs)
+        if args and str(args[0]).endswith(": ready"):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(worker.os, "_exit", Exit)
+    monkeypatch.setattr(worker, "print", Print, raising=False)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with pytest.raises(SystemExit) as ended:
+            worker.main(["--logical_devices=0"])
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    assert ended.value.code == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "lingpipe.worker: ready",
+        "lingpipe.worker: stopped by SIGTERM",
+    ]
+
+
 def test_stage_host_prints_its_devices_and_no_banner(tmp_path):
     import json
     import signal

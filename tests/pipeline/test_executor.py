@@ -102,6 +102,19 @@ def test_mlp_grid_eagerly(name, k, m, v, remat):
     AssertSameAsReference(pipe, (tf.random.normal([8, DIMS]),))
 
 
+def test_the_other_schedules_default_cases_meet_every_k_m_and_remat():
+    default = [case.values for case in OTHERS if not case.marks]
+    for name, v in {(case[0], case[3]) for case in default}:
+        mine = [case for case in default if (case[0], case[3]) == (name, v)]
+        ks, ms = {case[1] for case in mine}, {case[2] for case in mine}
+        # DualPipeV takes M >= 2K only: every K, and every M it can run.
+        assert ks == {1, 2, 3, 4}, (name, v)
+        assert ms == ({2, 4, 8} if name == "dualpipev" else {1, 2, 4, 8}), (name, v)
+        assert any(m < k for _, k, m, _, _ in mine) or name == "dualpipev", (name, v)
+    for name in {case[0] for case in default}:
+        assert {case[4] for case in default if case[0] == name} == set(REMATS), name
+
+
 @pytest.mark.parametrize("name,k,m,v,remat", OTHERS)
 def test_mlp_grid_of_the_other_schedules_eagerly(name, k, m, v, remat):
     pipe = Pipeline([Mlp()] * 8, k, m, remat, schedule=name, num_virtual_stages=v)
