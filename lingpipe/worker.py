@@ -23,14 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
-import threading
+import time
+
+from lingpipe.runners import stop_signals
 
 __all__ = [
     "ReadTask",
     "Run",
-    "StopSignals",
     "WorkerError",
     "main",
 ]
@@ -103,29 +103,6 @@ def _StartServer(cluster: dict, task_type: str, index: int, logical_devices: int
     return server, _OfferedDevices(task_type, index, num_cpus, num_gpus)
 
 
-class StopSignals:
-    """SIGTERM and SIGINT caught from construction on (installed before the worker says
-    it is ready, so that a signal sent on 'ready' is never the default's silent exit);
-    Wait() blocks until one came and returns its name."""
-
-    def __init__(self) -> None:
-        self._received: list[str] = []
-        self._done = threading.Event()
-        for s in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(s, self._Handle)
-
-    def _Handle(self, signum, frame) -> None:
-        self._received.append(signal.Signals(signum).name)
-        self._done.set()
-
-    def Wait(self) -> str:
-        # A timed wait, so that the handler runs (Python runs handlers between bytecodes;
-        # the server's own join() would hold the main thread in C++ for good).
-        while not self._done.wait(0.5):
-            pass
-        return self._received[0]
-
-
 def _Flags(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=_PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -162,12 +139,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{_PROG}: error: cannot serve {address}: {type(e).__name__}: {reason}", file=sys.stderr
         )
         return 1
-    stop = StopSignals()
-    print(f"{_PROG}: serving {task_type} {index} at {address} with {len(devices)} device(s):")
-    for d in devices:
-        print(f"  {d}")
-    print(f"{_PROG}: ready", flush=True)
-    name = stop.Wait()
+    # Caught before it says it is ready: a stop sent on 'ready' must not meet the
+    # default action, which ends the process without a word.
+    with stop_signals.StopSignals() as stop:
+        print(f"{_PROG}: serving {task_type} {index} at {address} with {len(devices)} device(s):")
+        for d in devices:
+            print(f"  {d}")
+        print(f"{_PROG}: ready", flush=True)
+        # A timed wait, so that the handler runs (Python runs handlers between bytecodes;
+        # the server's own join() would hold the main thread in C++ for good).
+        while stop.received is None:
+            time.sleep(0.2)
+    name = stop.received
     print(f"{_PROG}: stopped by {name}", flush=True)
     # The server has no clean shutdown; its threads would keep a normal exit waiting.
     os._exit(0)
