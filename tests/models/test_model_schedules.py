@@ -80,7 +80,13 @@ class _Recorder:
         return out
 
 
-@pytest.mark.parametrize("sched", generators.SCHEDULES[:4])
+# GPipe's annotations are tested on their own (tests/pipeline/test_gpipe_placement_tpu.py);
+# 1F1B's order is zero bubble's with B unsplit: both extended.
+@pytest.mark.parametrize(
+    "sched",
+    [pytest.param(s, marks=pytest.mark.extended) if s in ("gpipe", "1f1b") else s
+     for s in generators.SCHEDULES[:4]],
+)  # fmt: skip
 def test_tpu_core_annotation_under_every_schedule(sched):
     v = 2 if sched == "interleaved_1f1b" else 1
     task = _Params("lm.TransformerLmTiny", sched, 2, v).Instantiate()

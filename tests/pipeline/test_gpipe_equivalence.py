@@ -32,12 +32,12 @@ GRID = [(k, m, remat) for k in (1, 2, 3, 4) for m in (1, 2, 4, 8) for remat in R
 PAIRWISE_GRID = [
     (k, m, REMATS[(k + i) % 3]) for k in (1, 2, 3, 4) for i, m in enumerate((1, 2, 4, 8))
 ]
-# Eagerly, the pairwise grid and the other K, M, remat combinations (test_executor runs
-# every K and M of GPipe eagerly too): the latter a further proof (extended).
+# Eagerly, the pairwise grid; the other K, M, remat combinations, and the pairwise grid
+# traced (test_executor traces GPipe's among its schedules), are further proofs (extended).
 MLP_GRID = [
     pytest.param(k, m, remat, False, marks=[] if (k, m, remat) in PAIRWISE_GRID else [EXTENDED])
     for k, m, remat in GRID
-] + [(k, m, remat, True) for k, m, remat in PAIRWISE_GRID]
+] + [pytest.param(k, m, remat, True, marks=[EXTENDED]) for k, m, remat in PAIRWISE_GRID]
 
 
 def test_the_pairwise_grid_meets_every_pair_of_values():
@@ -78,6 +78,7 @@ def test_mlp_per_stage_remat(schedule, k, m, remat):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # test_executor's transformer cases (GPipe's among them) and k2_m4 stay
 @pytest.mark.parametrize("k,m,remat", PAIRWISE_GRID)
 def test_transformer_grid(k, m, remat):
     pipe = Pipeline([Transformer()] * 4, k, m, remat)
