@@ -155,6 +155,21 @@ def EstimateDevices(pipe_p, inputs, c, traced_cache: dict) -> tuple[list[int], i
     return [memory.DeviceMemory(ms).total for ms in per_device], memory.HostMemory(per_device)
 
 
+def KerasEstimate(memory, c, batch: int) -> tuple[list[int], int]:
+    """The Keras graph's estimate (graph_memory.GraphMemory) per device for candidate c
+    over a batch of `batch` rows, and the pipeline's total in one allocator."""
+    from lingpipe.pipeline.observe import memory as memory_lib
+    from lingpipe.pipeline.planning import partition
+
+    sched = _Kept(c)
+    nodes = [list(range(a, b)) for a, b in partition.Boundaries(list(c.partition))]
+    stages = memory.Stages(nodes, sched, c.remat, batch)
+    by_device = [[m for s, m in enumerate(stages) if sched.DeviceOf(s) == d]
+                 for d in range(sched.num_devices)]  # fmt: skip
+    per_device = [memory_lib.DeviceMemory(ms).total for ms in by_device]
+    return per_device, memory_lib.HostMemory(by_device)
+
+
 def _Signature(c) -> str:
     """The configuration's work, whatever its name: R, the cells per stage, the recompute
     policy and each device's actions in order. Two rows with the same signature
@@ -465,8 +480,7 @@ def Reestimate(rows: list) -> None:
     common.Setup(2, intra_op=1, inter_op=2)
     from lingpipe.keras import graph as graph_lib
     from lingpipe.keras import graph_memory
-    from lingpipe.pipeline.observe import memory as memory_lib
-    from lingpipe.pipeline.planning import partition, planner
+    from lingpipe.pipeline.planning import planner
 
     models, traced = {}, {}
     for row in rows:
@@ -483,13 +497,7 @@ def Reestimate(rows: list) -> None:
                 nodes = graph_memory.TraceNodes(graph, "bench")
                 models["keras"] = graph_memory.GraphMemory(graph, nodes, 2), x.shape[0]
             memory, batch = models["keras"]
-            sched = _Kept(c)
-            nodes = [list(range(a, b)) for a, b in partition.Boundaries(list(c.partition))]
-            stages = memory.Stages(nodes, sched, c.remat, batch)
-            by_device = [[m for s, m in enumerate(stages) if sched.DeviceOf(s) == d]
-                         for d in range(sched.num_devices)]  # fmt: skip
-            per_device = [m.total for m in memory.PerDevice(nodes, sched, c.remat, batch)]
-            host = memory_lib.HostMemory(by_device)
+            per_device, host = KerasEstimate(memory, c, batch)
         else:
             if row["model"] not in models:
                 models[row["model"]] = Model(row["model"])
@@ -562,8 +570,7 @@ def KerasChild(cfg: dict, steps: int) -> dict:
     from lingpipe.keras import graph as graph_lib
     from lingpipe.keras import graph_memory
     from lingpipe.keras import plan as keras_plan
-    from lingpipe.pipeline.observe import memory as memory_lib
-    from lingpipe.pipeline.planning import partition, planner
+    from lingpipe.pipeline.planning import planner
 
     model, x, y = KerasModel()
     batch = x.shape[0]
@@ -607,13 +614,7 @@ def KerasChild(cfg: dict, steps: int) -> dict:
         gc.collect()
         before = tf.config.experimental.get_memory_info("CPU:0")["current"]
         try:
-            sched = _Kept(c)
-            nodes = [list(range(a, b)) for a, b in partition.Boundaries(list(c.partition))]
-            stages = memory.Stages(nodes, sched, c.remat, batch)
-            by_device = [[m for s, m in enumerate(stages) if sched.DeviceOf(s) == d]
-                         for d in range(sched.num_devices)]  # fmt: skip
-            per_device = [m.total for m in memory.PerDevice(nodes, sched, c.remat, batch)]
-            host = memory_lib.HostMemory(by_device)
+            per_device, host = KerasEstimate(memory, c, batch)
             fresh, _, _ = KerasModel()
             piped = lpk.Pipeline(fresh, devices=list(DEVICES[: c.num_stages]), **c.Settings())
             piped.compile(
