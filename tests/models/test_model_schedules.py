@@ -42,13 +42,19 @@ def test_every_schedule_trains_to_the_losses_of_gpipe(key):
     # takes milliseconds. As few micro-batches as interleaving allows (M = K) for the
     # convolutional and encoder-decoder models, whose traces are the largest.
     m = 4 if key.startswith("lm.") else 2
-    _, want = _Losses(_Params(key, "gpipe", 2, 1, m, **MODELS[key]))
+    # AmoebaNet's losses under the interleaved placement (four chunks, the micro-batches'
+    # gradients added in another order) equal GPipe's to 6 digits after one update; the
+    # sums' rounding then grows about tenfold a step in this small batch-normalized
+    # convnet (2e-6 after two updates, 1e-4 after four, 5e-3 after nine), so it is
+    # compared over its first 4 steps. A step computed otherwise parts at the first.
+    steps = 4 if key.startswith("image.") else STEPS
+    _, want = _Losses(_Params(key, "gpipe", 2, 1, m, **MODELS[key]), steps)
     # The LM runs every layout; the encoder-decoder and AmoebaNet, whose traces are the
     # longest, the split backward (zero bubble) and the interleaved loop placement
     # respectively (1F1B's order is zero bubble's with whole backwards).
     layouts = {"lm": LAYOUTS, "mt": LAYOUTS[1:2], "image": LAYOUTS[2:]}[key.split(".")[0]]
     for sched, k, v in layouts:
-        _, got = _Losses(_Params(key, sched, k, v, m, **MODELS[key]))
+        _, got = _Losses(_Params(key, sched, k, v, m, **MODELS[key]), steps)
         np.testing.assert_allclose(got, want, rtol=1e-4, err_msg=f"{key} under {sched}")
 
 
