@@ -307,12 +307,12 @@ class GraphMemory:
             units = [
                 memory.Unit(
                     transient=rows * n.backward_transient_bytes,
-                    leaves=rows * (n.backward_end_bytes - _FloatArgs(graph, i)),
+                    leaves=rows * (n.backward_end_bytes - sent_on),
                     input_transient=rows * n.input_transient_bytes,
-                    input_leaves=rows * (n.input_end_bytes - _FloatArgs(graph, i)),
+                    input_leaves=rows * (n.input_end_bytes - sent_on),
                     gradients=n.trainable_bytes,
                 )
-                for n, i in zip(mine, idx)
+                for n, sent_on in zip(mine, (_FloatArgs(graph, i) for i in idx))
             ]
             spaces = memory.StageWorkspaces(units, received, sent)
             out.append(
