@@ -276,6 +276,22 @@ def test_transients_pass_a_buffer_to_an_element_wise_op_that_reads_it_last():
         assert memory.Transients(ops, {d.ref(), e.ref()}, received=[dy])[0] == 2 * 4096 + 8192
 
 
+def test_an_einsum_holds_copies_of_its_operands_while_it_runs():
+    graph = tf.Graph()
+    with graph.as_default():
+        dy = tf.compat.v1.placeholder(tf.float32, [8, 16, 32])  # received: 16 KiB
+        q = tf.compat.v1.placeholder(tf.float32, [8, 16, 32])  # held: 16 KiB
+        scores = tf.einsum("bqd,bkd->bqk", dy, q)  # 8 KiB
+        out = tf.reduce_sum(scores)
+        ops = [op for op in graph.get_operations() if op.type != "Placeholder"]
+        # At the Einsum: dy, q, its output and a copy of each operand (the kernel
+        # transposes them into a buffer of its own), on top of the held q.
+        peak, end = memory.Transients(ops, {out.ref()}, held=[q], received=[dy])
+        assert peak == 16384 + 8192 + 2 * 16384
+        # q and dy read last by the Einsum, the copies gone with it: the sum is left.
+        assert end == 4 - 16384
+
+
 # Split backward (zero bubble, K=2, M=4; one unit per F, I, W):
 #   dev 0: F0 F1 .  I0 W0 F2 I1 W1 F3 I2 W2 I3 W3
 #   dev 1: .  F0 I0 F1 I1 W0 F2 I2 W1 F3 I3 W2 W3

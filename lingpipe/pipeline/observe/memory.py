@@ -247,6 +247,20 @@ def _Read(ops: Any, forward: set) -> dict:
 _NO_BUFFER = _VIEW_OPS | _NOT_ACTIVATIONS | {"Placeholder"}
 
 
+# Kernels that copy their operands while they run: TensorFlow's Einsum transposes an
+# operand whose contracted dimensions are not where a batched matmul reads them, into a
+# buffer of its own held until the op returns (measured on the Keras transformer's
+# attention gradients: two such copies beside the output of one Einsum).
+_SCRATCH_OPS = frozenset({"Einsum"})
+
+
+def _Scratch(op: Any) -> int:
+    """Bytes an op holds while it runs beyond its outputs: its operands' copies, at most."""
+    if op.type not in _SCRATCH_OPS:
+        return 0
+    return sum(_Bytes(_Source(x)) for x in op.inputs)
+
+
 def Transients(
     ops: Sequence[Any],
     kept: set,
@@ -266,7 +280,8 @@ def Transients(
     whose outputs nothing reads (TensorFlow prunes them). An op that makes a tensor of
     the shape and dtype of an input whose last reader it is writes into that input's
     buffer, as TensorFlow's element-wise kernels do (forward_input_or_allocate_output):
-    the buffer passes on, nothing is added."""
+    the buffer passes on, nothing is added. An Einsum holds copies of its operands
+    while it runs (_Scratch): they count at its moment, not after."""
     read = [[_Source(x) for x in op.inputs] for op in ops]  # each op's inputs, views resolved
     last = {}
     for i, sources in enumerate(read):
@@ -278,7 +293,9 @@ def Transients(
     for i, op in enumerate(ops):
         outputs = [(t, t.ref()) for t in op.outputs]
         used = any(r in last or r in kept for _, r in outputs)
+        scratch = 0
         if used and op.type not in _NO_BUFFER and op not in skip:
+            scratch = _Scratch(op)
             # Inputs this op reads last, not kept: their buffers can pass to its outputs.
             spare = [x for x in read[i] if x.ref() in size and last[x.ref()] == i]
             spare = [x for x in spare if x.ref() not in kept]
@@ -291,7 +308,7 @@ def Transients(
                 else:
                     size[r] = _Bytes(t)
                     live += size[r]
-        peak = max(peak, live)
+        peak = max(peak, live + scratch)
         for r in [r for _, r in outputs] + [x.ref() for x in read[i]]:
             if r in size and last.get(r, i) <= i and r not in kept:
                 live -= size.pop(r)
