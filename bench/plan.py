@@ -724,7 +724,8 @@ def _Key(r: dict) -> tuple:
 def Repeat(rows: list, previous: dict, source: str) -> list:
     """How much the same configuration measures differently in two runs: per model, over
     the rows of `previous` (an earlier plan.json) with the same configuration,
-    |now / then - 1| of the measured time (median of the steps) and memory."""
+    |now / then - 1| of the measured time (median of the steps), the allocator's peak
+    and the tensors' peak."""
     then = {_Key(r): r for r in previous.get("rows", []) if "error" not in r}
     out = []
     for model in sorted({r["model"] for r in rows if "error" not in r}):
@@ -733,9 +734,12 @@ def Repeat(rows: list, previous: dict, source: str) -> list:
         if not pairs:
             continue
         row = dict(model=model, rows=len(pairs), against=source)
-        for key, name in (("measured_s", "step"), ("measured_mib", "memory")):
-            diffs = sorted(abs(a[key] / b[key] - 1) for a, b in pairs)
-            row[f"{name}_median"], row[f"{name}_worst"] = statistics.median(diffs), diffs[-1]
+        for key, name in (
+            ("measured_s", "step"), ("measured_mib", "memory"), ("tensors_mib", "tensors"),
+        ):  # fmt: skip
+            diffs = sorted(abs(a[key] / b[key] - 1) for a, b in pairs if key in a and key in b)
+            if diffs:
+                row[f"{name}_median"], row[f"{name}_worst"] = statistics.median(diffs), diffs[-1]
         out.append(row)
     return out
 
@@ -963,16 +967,18 @@ def main(argv: list[str] | None = None) -> int:
             kept = json.load(f)
         if args.reestimate:
             Reestimate(kept["rows"])
+            dates = sorted({v.get("date", kept["date"]) for v in kept["runs"].values()})
             kept["reestimated"] = (
                 f"memory columns written again by --rescore --reestimate on "
-                f"{datetime.date.today().isoformat()}; measured on {kept['date']}"
+                f"{datetime.date.today().isoformat()}; measured on {', '.join(dates)}"
             )
         return _Write(out, kept, kept["rows"], _Against(args.against) or kept.get("repeat"))
     if args.merge and os.path.exists(out):
         with open(out, encoding="utf-8") as f:
             kept = json.load(f)
         rows = [r for r in kept["rows"] if r["model"] not in cfg["models"]]
-        runs = {m: v for m, v in kept["runs"].items() if m not in cfg["models"]}
+        runs = {m: dict({"date": kept["date"]}, **v) for m, v in kept["runs"].items()
+                if m not in cfg["models"]}  # fmt: skip
     for model in cfg["models"]:
         flags = [f"--model={model}", f"--steps={args.steps}"] + [
             f"--{k}={getattr(args, k)}"
@@ -986,13 +992,16 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(dict(model=model, error=" ".join(got["error"])))
             continue
         rows += got.pop("rows")
-        runs[model] = got
+        runs[model] = dict(got, date=datetime.date.today().isoformat())
     hundred = None
     if not args.quick and not args.no_plan100:
         hundred = common.RunChild(__file__, ["--plan100"], timeout=600)
     elif kept:
         hundred = kept.get("plan_100_cells")
     repeat = _Against(args.against)
+    if repeat and kept:  # the kept rows are not measured again: no repeat of theirs
+        repeat = ({"rows": [r for r in repeat[0]["rows"] if r["model"] in cfg["models"]]},
+                  repeat[1])  # fmt: skip
     payload = dict(
         machine=common.Machine(),
         date=datetime.date.today().isoformat(),
