@@ -276,6 +276,34 @@ def ProfiledPeak(step) -> tuple[int, int]:
     return cpu.peak_bytes, cpu.requested_bytes
 
 
+def TensorsPeak(build, steps: int = 3) -> int:
+    """The most the tensors of a configuration asked for at once above what the process
+    held before, all of it profiled: `build()` (the model built and compiled anew,
+    returning its step) and `steps` steps. ProfiledPeak's tensors count what was
+    allocated before its profile (the weights, the slots) as the allocator's chunks,
+    which BFC sizes up to twice the request from whatever the process freed before: in
+    the grid's one process of 40 Keras rows the same zbv step read 5 MiB more than in a
+    fresh one. Run after the row's other steps are freed."""
+    import tensorflow as tf
+
+    from lingpipe.pipeline.observe import allocations, timeline
+
+    gc.collect()
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            step = build()
+            for _ in range(steps):
+                step().numpy()
+        finally:
+            tf.profiler.experimental.stop()
+        peaks = allocations.Peaks(timeline.ReadXSpace(timeline.LatestProfile(logdir)))
+    if not peaks:
+        return 0
+    return max(peaks.values(), key=lambda p: p.peak_bytes).requested_bytes - before
+
+
 def Calibrate(pipe_p, inputs, loss_fn, costs, rates, c, batch):
     """A calibration (lingpipe.pipeline.planning.calibrate) from 3 recorded steps of each
     of planner.CalibrationProbes(c): c and its 1F1B twin at another M."""
@@ -430,14 +458,16 @@ def Row(model, pipe_p, inputs, loss_fn, c, batch, steps, traced) -> tuple[dict, 
     row["actions"] = _Signature(c)
     try:
         per_device, host = EstimateDevices(pipe_p, inputs, c, traced)
-        step, _ = BuildStep(pipe_p, inputs, loss_fn, c)
+        step = BuildStep(pipe_p, inputs, loss_fn, c)[0]
         seconds, best, peak = Measure(step, steps)
-        profiled = ProfiledPeak(step)
+        profiled = _Above(ProfiledPeak(step), before)
+        del step
+        tensors = TensorsPeak(lambda: BuildStep(pipe_p, inputs, loss_fn, c)[0])
     except Exception as e:  # noqa: BLE001 (a row of the table, not the end of the run)
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         return row, None
     row["load"] = round(os.getloadavg()[0], 2)
-    return row, (seconds, best, per_device, host, peak - before, _Above(profiled, before))
+    return row, (seconds, best, per_device, host, peak - before, (profiled[0], tensors))
 
 
 def _Above(profiled: tuple[int, int], before: int) -> tuple[int, int]:
@@ -448,9 +478,10 @@ def _Above(profiled: tuple[int, int], before: int) -> tuple[int, int]:
 def _Measured(row, replicas, predicted, calibrated, seconds, best, per_device, host, used, tensors):
     """Fills a row's predictions (seconds; bytes per device of one pipeline and one
     allocator's total) against what was measured (median and least seconds; bytes
-    used; a profiled step's peak and tensors above the same start, _Above), with their
-    errors: memory_err against the allocator's peak, tensors_err against the most the
-    tensors asked for (without the allocator's slack, allocations.Peaks)."""
+    used; a profiled step's peak above the same start, _Above; the tensors' peak,
+    TensorsPeak), with their errors: memory_err against the allocator's peak,
+    tensors_err against the most the tensors asked for (without the allocator's slack,
+    allocations.Peaks)."""
     row["predicted_s"], row["calibrated_s"] = predicted, calibrated
     row["measured_s"], row["measured_best_s"] = seconds, best
     row["measured_mib"] = used / 2**20
@@ -615,21 +646,27 @@ def KerasChild(cfg: dict, steps: int) -> dict:
         before = tf.config.experimental.get_memory_info("CPU:0")["current"]
         try:
             per_device, host = KerasEstimate(memory, c, batch)
-            fresh, _, _ = KerasModel()
-            piped = lpk.Pipeline(fresh, devices=list(DEVICES[: c.num_stages]), **c.Settings())
-            piped.compile(
-                optimizer=keras.optimizers.Adam(1e-4),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            )
-            step = lambda p=piped: _Loss(p.train_on_batch(x, y))  # noqa: E731
+
+            def Build(c=c):
+                fresh, _, _ = KerasModel()
+                piped = lpk.Pipeline(fresh, devices=list(DEVICES[: c.num_stages]), **c.Settings())
+                piped.compile(
+                    optimizer=keras.optimizers.Adam(1e-4),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                )
+                return lambda p=piped: _Loss(p.train_on_batch(x, y))
+
+            step = Build()
             seconds, best, peak = Measure(step, steps)
-            profiled = ProfiledPeak(step)
+            profiled = _Above(ProfiledPeak(step), before)
+            del step
+            tensors = TensorsPeak(Build)
         except Exception as e:  # noqa: BLE001 (a row of the table, not the end of the run)
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             measured.append((row, None))
             continue
         row["load"] = round(os.getloadavg()[0], 2)
-        found = (seconds, best, per_device, host, peak - before, _Above(profiled, before))
+        found = (seconds, best, per_device, host, peak - before, (profiled[0], tensors))
         measured.append((row, found))
         print(json.dumps(row), file=sys.stderr, flush=True)
     probes.append(Probe()[:2])
