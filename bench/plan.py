@@ -1069,6 +1069,15 @@ def _Against(spec: str | None):
 
 def _Write(out: str, payload: dict, rows: list, repeat) -> int:
     """The tables made from `rows` into `payload`, printed and written to `out`."""
+    now = payload.get("measured_now")
+    if isinstance(now, list):  # --merge: say which rows this run measured
+        dates = {m: v.get("date", payload["date"]) for m, v in payload.get("runs", {}).items()}
+        kept = [f"{m} ({d})" for m, d in sorted(dates.items()) if m not in now]
+        payload["notes"] = [
+            f"Measured by this run ({payload['date']}): {', '.join(now)}; the rows of "
+            f"{', '.join(kept) or 'no other model'} were kept from the file (--merge), "
+            "measured on the date given."
+        ]
     payload.update(
         summary=Summary(rows), noise=Noise(rows), summary_rows=SummaryRows(rows),
         errors_by=ErrorsBy(rows), picks=Picks(rows), partition=Partition(rows),
