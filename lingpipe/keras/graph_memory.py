@@ -4,10 +4,7 @@ The same model as lingpipe.pipeline.observe.memory's for PipeliningLayer cells, 
 graph's layer calls (nodes) as the units:
 
 - weights, gradients, optimizer slots: each layer's, on the stage where it is first
-  called (where its variables live); an embedding's gradient is its slices, as the
-  executor sums them for Keras' optimizers (gradient_sums): each micro-batch's
-  concatenated, the whole batch's rows by the step's end, or one micro-batch's where
-  every micro-batch looks up the same rows (positions);
+  called (where its variables live);
 - activations: per stage, the tensors it receives (those alive across the cut, as
   graph.LiveTensors finds them) and, for each micro-batch whose forward is kept, what
   its nodes' backwards read; alive per the schedule (memory.ActivationEvents over the
@@ -41,7 +38,7 @@ from lingpipe.keras import graph as graph_lib
 from lingpipe.pipeline.observe import memory
 from lingpipe.pipeline.schedules import simulate
 from lingpipe.pipeline.schedules.schedule import Schedule
-from lingpipe.pipeline.step import executor, gradient_sums
+from lingpipe.pipeline.step import executor
 from lingpipe.pipeline.step import remat as remat_lib
 
 __all__ = [
@@ -79,13 +76,6 @@ class NodeMemory:
         its end, per example (memory.CellMemory's).
       input_transient_bytes, input_end_bytes: a split backward's I's, likewise
         (memory.CellMemory's).
-      sparse_bytes: of trainable_bytes, the variables whose gradient is slices (an
-        embedding's table), not held as a dense gradient.
-      slice_bytes: those slices' bytes per example (values in float32, indices), where
-        the rows looked up depend on the node's arguments: concatenated over
-        micro-batches.
-      shared_slice_bytes: the slices' bytes where they do not (positions 0..T-1): one
-        micro-batch's, added in place over the others.
     """
 
     saved_args: tuple
@@ -101,14 +91,6 @@ class NodeMemory:
     backward_end_bytes: int = 0
     input_transient_bytes: int = 0
     input_end_bytes: int = 0
-    sparse_bytes: int = 0
-    slice_bytes: int = 0
-    shared_slice_bytes: int = 0
-
-    def GradientBytes(self, rows: int) -> int:
-        """The gradients of its weights from `rows` examples: dense, or slices."""
-        slices = rows * self.slice_bytes + self.shared_slice_bytes
-        return self.trainable_bytes - self.sparse_bytes + slices
 
 
 def _Source(t: tf.Tensor) -> tf.Tensor:
@@ -127,34 +109,12 @@ def _VariableBytes(variables: Sequence[Any]) -> int:
     return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables)
 
 
-def _Slices(weight_grads: list, args: list) -> tuple[tuple, int, int]:
-    """Of a traced node's weight gradients, those that are slices (tf.IndexedSlices: an
-    embedding's): (their positions, their bytes where the rows looked up depend on
-    `args`, their bytes where not), values counted in float32 as the sums hold them."""
-    at, own, shared = [], 0, 0
-    for i, g in enumerate(weight_grads):
-        if not isinstance(g, tf.IndexedSlices):
-            continue
-        # One slice per index looked up; the gradient's own shapes are dynamic.
-        indices = _Source(g.indices)
-        count = indices.shape.num_elements() if indices.shape.is_fully_defined() else 1
-        row = math.prod(d or 1 for d in g.values.shape[1:])
-        size = count * (row * max(g.values.dtype.size, 4) + indices.dtype.size)
-        at.append(i)
-        if gradient_sums.DependsOn(g.indices, args):
-            own += size
-        else:
-            shared += size
-    return tuple(at), own, shared
-
-
-def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple:
+def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int, int]:
     """What the node's gradient ops read, traced for `specs` without running: (all of
     them, the weight-only ones), each as (argument positions, output positions, other
     bytes); the bytes of the gradients that the weight-only ops read from the rest
-    (held from a split backward's I to its W, as memory.CellMemory.deferred_bytes); the
-    backward's transients (memory.BackwardTransients); and its weights' slices
-    (_Slices)."""
+    (held from a split backward's I to its W, as memory.CellMemory.deferred_bytes); and
+    the backward's transients (memory.BackwardTransients)."""
     call, variables = graph_lib.NodeCall(node), graph_lib.TrainableVariables(node)
     found: dict = {}
 
@@ -173,7 +133,6 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple:
         deferred = memory.DeferredBytes(backward, weight_only)
         found.update(forward=forward, args=args, outputs=outputs, backward=backward)
         found.update(weight_only=weight_only, deferred=deferred)
-        found["slices"] = _Slices(grads[len(xs) :], list(args))
         # What it reads of its own forward: its arguments are other nodes' outputs (or the
         # stage's inputs), whose backwards may read them after it, so it frees none.
         arg_refs = {x.ref() for x in args}
@@ -210,7 +169,7 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple:
         return tuple(sorted(args)), tuple(sorted(outs)), sum(other.values())
 
     saved = Read(found["backward"]), Read(found["weight_only"])
-    return saved + (found["deferred"], found["transients"], found["slices"])
+    return saved + (found["deferred"], found["transients"])
 
 
 def _FloatArgs(graph: graph_lib.Graph, i: int) -> int:
@@ -253,9 +212,7 @@ def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> li
             ) from None
         if key is not None:
             traced[key] = saved
-        (args, outs, internal), (w_args, w_outs, w_internal), deferred, transients = saved[:4]
-        sparse_at, own_slices, shared_slices = saved[4]
-        tables = [graph_lib.TrainableVariables(node)[j] for j in sparse_at]
+        (args, outs, internal), (w_args, w_outs, w_internal), deferred, transients = saved
         out.append(
             NodeMemory(
                 saved_args=tuple(k for j, k in enumerate(node.arg_keys) if j in args),
@@ -271,9 +228,6 @@ def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> li
                 backward_end_bytes=transients[1],
                 input_transient_bytes=transients[2],
                 input_end_bytes=transients[3],
-                sparse_bytes=_VariableBytes(tables) if trainable[i] else 0,
-                slice_bytes=own_slices,
-                shared_slice_bytes=shared_slices,
             )
         )
     return out
@@ -350,14 +304,13 @@ class GraphMemory:
                 sim, m, k, kept, boundary, internal, deferred, min(held, boundary + internal)
             )
             trainable = sum(n.trainable_bytes for n in mine)
-            gradients = sum(n.GradientBytes(batch_size) for n in mine)
             units = [
                 memory.Unit(
                     transient=rows * n.backward_transient_bytes,
                     leaves=rows * (n.backward_end_bytes - sent_on),
                     input_transient=rows * n.input_transient_bytes,
                     input_leaves=rows * (n.input_end_bytes - sent_on),
-                    gradients=n.GradientBytes(rows),
+                    gradients=n.trainable_bytes,
                 )
                 for n, sent_on in zip(mine, (_FloatArgs(graph, i) for i in idx))
             ]
@@ -365,14 +318,14 @@ class GraphMemory:
             out.append(
                 memory.StageMemory(
                     weights=sum(n.weight_bytes for n in mine),
-                    gradients=gradients,
+                    gradients=trainable,
                     optimizer_slots=int(self.slots_per_weight * trainable),
                     activations=simulate.PeakOf(events) + (batch_bytes if k == 0 else 0),
                     workspace=spaces.most if sched.has_backward else 0,
                     peak_alive=sim.peak_alive[k],
                     events=tuple(events),
                     alive_events=tuple(memory.ActivationEvents(sim, m, k, set(), 1, 0, ramp=False)),
-                    step_events=tuple(memory.StepEvents(sim, k, gradients, spaces)),
+                    step_events=tuple(memory.StepEvents(sim, k, trainable, spaces)),
                 )
             )
         return out

@@ -199,40 +199,6 @@ def test_the_workspace_holds_the_widest_gradient_a_layer_call_passes_on():
     assert stage.workspace == 16 * (8 + 64 + 8) * 4 + weights
 
 
-class AddPositions(keras.layers.Layer):
-    """x + a learned embedding of positions 0..T-1: rows that every micro-batch looks up."""
-
-    def build(self, shape):
-        self.positions = keras.layers.Embedding(shape[1], shape[2])
-        self.positions.build((shape[1],))
-
-    def call(self, x):
-        return x + self.positions(keras.ops.arange(keras.ops.shape(x)[1]))
-
-
-def test_an_embedding_s_gradient_is_counted_as_the_slices_the_sums_hold():
-    ids = keras.Input((8,), dtype="int32")
-    h = AddPositions()(keras.layers.Embedding(5000, 16)(ids))
-    outputs = keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(h))
-    graph = graph_lib.Trace(keras.Model(ids, outputs))
-    nodes = graph_memory.TraceNodes(graph)
-    # Per example, one slice per token: 16 float32 values and its int32 index; the
-    # positions' slices are the same rows for every example, added in place.
-    row = 16 * 4 + 4
-    assert (nodes[0].sparse_bytes, nodes[0].slice_bytes, nodes[0].shared_slice_bytes) == (
-        5000 * 16 * 4, 8 * row, 0,
-    )  # fmt: skip
-    assert (nodes[1].sparse_bytes, nodes[1].slice_bytes, nodes[1].shared_slice_bytes) == (
-        8 * 16 * 4, 0, 8 * row,
-    )  # fmt: skip
-    memory = graph_memory.GraphMemory(graph, nodes, 2)
-    stage, _ = memory.Stages([[0, 1], [2, 3]], generators.Make("gpipe", 2, 2), "never", 32)
-    # The step's sum concatenates both micro-batches' token slices (32 rows in all),
-    # not the 5000-row table; the optimizer's slots are the table's.
-    assert stage.gradients == 32 * 8 * row + 8 * row
-    assert stage.optimizer_slots == 2 * (5000 + 8) * 16 * 4
-
-
 def test_an_explicit_knob_beside_a_plan_wins_and_warns():
     model = _Mlp()
     plan = _Plan(model, num_stages=2, num_micro_batches=4)
