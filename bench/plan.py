@@ -253,12 +253,9 @@ def Measure(step, steps: int, warm: int = 2) -> tuple[float, float, int]:
     return statistics.median(seconds), min(seconds), peak
 
 
-def ProfiledPeak(step) -> tuple[int, int]:
-    """(the most bytes the CPU allocator held, the most its tensors asked for) over one
-    more step, profiled (lingpipe.pipeline.observe.allocations): the second leaves out
-    the BFC allocator's unsplit chunks, which the first and Measure's peak count."""
-    import tempfile
-
+def _CpuPeak(run):
+    """The CPU allocator's AllocatorPeak over `run()` profiled; None where the profile
+    holds no memory events."""
     import tensorflow as tf
 
     from lingpipe.pipeline.observe import allocations, timeline
@@ -266,14 +263,19 @@ def ProfiledPeak(step) -> tuple[int, int]:
     with tempfile.TemporaryDirectory() as logdir:
         tf.profiler.experimental.start(logdir)
         try:
-            step().numpy()
+            run()
         finally:
             tf.profiler.experimental.stop()
         peaks = allocations.Peaks(timeline.ReadXSpace(timeline.LatestProfile(logdir)))
-    if not peaks:
-        return 0, 0
-    cpu = max(peaks.values(), key=lambda p: p.peak_bytes)
-    return cpu.peak_bytes, cpu.requested_bytes
+    return max(peaks.values(), key=lambda p: p.peak_bytes) if peaks else None
+
+
+def ProfiledPeak(step) -> tuple[int, int]:
+    """(the most bytes the CPU allocator held, the most its tensors asked for) over one
+    more step, profiled (lingpipe.pipeline.observe.allocations): the second leaves out
+    the BFC allocator's unsplit chunks, which the first and Measure's peak count."""
+    cpu = _CpuPeak(lambda: step().numpy())
+    return (cpu.peak_bytes, cpu.requested_bytes) if cpu else (0, 0)
 
 
 def TensorsPeak(build, steps: int = 3) -> int:
@@ -286,22 +288,15 @@ def TensorsPeak(build, steps: int = 3) -> int:
     fresh one. Run after the row's other steps are freed."""
     import tensorflow as tf
 
-    from lingpipe.pipeline.observe import allocations, timeline
+    def Run():
+        step = build()
+        for _ in range(steps):
+            step().numpy()
 
     gc.collect()
     before = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    with tempfile.TemporaryDirectory() as logdir:
-        tf.profiler.experimental.start(logdir)
-        try:
-            step = build()
-            for _ in range(steps):
-                step().numpy()
-        finally:
-            tf.profiler.experimental.stop()
-        peaks = allocations.Peaks(timeline.ReadXSpace(timeline.LatestProfile(logdir)))
-    if not peaks:
-        return 0
-    return max(peaks.values(), key=lambda p: p.peak_bytes).requested_bytes - before
+    cpu = _CpuPeak(Run)
+    return cpu.requested_bytes - before if cpu else 0
 
 
 def Calibrate(pipe_p, inputs, loss_fn, costs, rates, c, batch):
