@@ -337,19 +337,29 @@ class HostsTrainer(train_loop.Trainer):
 
     def _Save(self, step: int) -> None:
         """A save reads every stage's variables from its worker: one that died during
-        it is named as in a step, not reported as a checkpoint that cannot be written."""
+        it is named as in a step, not reported as a checkpoint that cannot be written.
+
+        TensorFlow records a checkpoint in its state file and then waits for the
+        cluster's pending ops; a worker lost in that wait fails a save whose checkpoint
+        is whole, and the error says that step was saved."""
         try:
             super()._Save(step)
         except checkpointer.CheckpointError:
             gone = [t for t, a in enumerate(self._cluster.workers) if Answers(a, 2.0) is not None]
             if not gone:
                 raise
+            latest = self.checkpointer.latest or ""
+            if latest.endswith(f"ckpt-{step}"):
+                raise self._Gone(step, gone, "lost as its save finished", saved=True) from None
             raise self._Gone(step, gone, "lost while saving its checkpoint") from None
 
-    def _Gone(self, step: int, gone: list[int], kind: str) -> train_loop.ClusterError:
+    def _Gone(
+        self, step: int, gone: list[int], kind: str, saved: bool = False
+    ) -> train_loop.ClusterError:
         who = ", ".join(self._cluster.Name(t) for t in gone) or "a worker"
+        what = f"After step {step} was saved" if saved else f"Step {step} failed"
         return train_loop.ClusterError(
-            f"Step {step} failed: {who} is gone or unreachable ({kind}). The checkpoints "
+            f"{what}: {who} is gone or unreachable ({kind}). The checkpoints "
             f"are intact (latest: {self.checkpointer.latest}); restart the worker "
             "(python -m lingpipe.worker) and rerun the trainer with the same command to "
             "resume from it."
