@@ -521,7 +521,8 @@ def Reestimate(rows: list) -> None:
                 model, x, _ = KerasModel()
                 graph = graph_lib.Trace(model, "bench")
                 nodes = graph_memory.TraceNodes(graph, "bench")
-                models["keras"] = graph_memory.GraphMemory(graph, nodes, 2), x.shape[0]
+                memory = graph_memory.GraphMemory(graph, nodes, 2, _AdamUpdate())
+                models["keras"] = memory, x.shape[0]
             memory, batch = models["keras"]
             per_device, host = KerasEstimate(memory, c, batch)
         else:
@@ -531,6 +532,15 @@ def Reestimate(rows: list) -> None:
             pipe_p, inputs, _ = models[row["model"]]
             per_device, host = EstimateDevices(pipe_p, inputs, c, traced[row["model"]])
         _MemoryColumns(row, row["R"], per_device, host)
+
+
+def _AdamUpdate():
+    """The update of the Adam the Keras rows train with (update_memory.UpdateCostOf)."""
+    import keras
+
+    from lingpipe.pipeline.observe import update_memory
+
+    return update_memory.UpdateCostOf(keras.optimizers.Adam(1e-4))
 
 
 def KerasModel(seed: int = 0):
@@ -601,7 +611,9 @@ def KerasChild(cfg: dict, steps: int) -> dict:
     model, x, y = KerasModel()
     batch = x.shape[0]
     graph = graph_lib.Trace(model, "bench")
-    memory = graph_memory.GraphMemory(graph, graph_memory.TraceNodes(graph, "bench"), 2)
+    memory = graph_memory.GraphMemory(
+        graph, graph_memory.TraceNodes(graph, "bench"), 2, _AdamUpdate()
+    )
     grid_cfg = {k: tuple(v for v in KERAS[k] if v in cfg[k]) for k in ("micro_batches", "remats")}
     names = [n for n in KERAS["schedules"] if cfg["schedules"] is None or
              n in [s for s, _ in cfg["schedules"]]]  # fmt: skip

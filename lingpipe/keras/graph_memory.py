@@ -4,17 +4,23 @@ The same model as lingpipe.pipeline.observe.memory's for PipeliningLayer cells, 
 graph's layer calls (nodes) as the units:
 
 - weights, gradients, optimizer slots: each layer's, on the stage where it is first
-  called (where its variables live);
+  called (where its variables live); an embedding's gradient is its slices, as the
+  executor sums them for Keras' optimizers (gradient_sums): each micro-batch's
+  concatenated, the whole batch's rows by the step's end, or one micro-batch's where
+  every micro-batch looks up the same rows (positions);
 - activations: per stage, the tensors it receives (those alive across the cut, as
   graph.LiveTensors finds them) and, for each micro-batch whose forward is kept, what
   its nodes' backwards read; alive per the schedule (memory.ActivationEvents over the
   simulated schedule, remat.Kept for the policy); a device sums its stages'
   (memory.DeviceMemory);
 - workspace: a backward's transients for one micro-batch, as memory.StageWorkspaces
-  counts them: each node's own (memory.Transients over its traced gradient ops, what
+  counts them: each node's own (op_walk.Transients over its traced gradient ops, what
   it frees of its activations too), on top of what the nodes whose backward ran before
   it left, at least the gradients passed across the stage, and the largest weight
-  gradient.
+  gradient;
+- update: at the step's end, what the optimizer's update of the stage's largest
+  variable holds (update_memory): Keras' Adam makes an embedding's slices dense there,
+  twice.
 
 What a node's backward reads is found, not guessed: `TraceNodes` traces each node's
 forward and its tf.gradients in a tf.function that never runs (nothing is allocated)
@@ -35,10 +41,10 @@ import numpy as np
 import tensorflow as tf
 
 from lingpipe.keras import graph as graph_lib
-from lingpipe.pipeline.observe import memory
+from lingpipe.pipeline.observe import memory, op_walk, update_memory
 from lingpipe.pipeline.schedules import simulate
 from lingpipe.pipeline.schedules.schedule import Schedule
-from lingpipe.pipeline.step import executor
+from lingpipe.pipeline.step import executor, gradient_sums
 from lingpipe.pipeline.step import remat as remat_lib
 
 __all__ = [
@@ -49,10 +55,7 @@ __all__ = [
     "WeightBytes",
 ]
 
-# Ops whose output shares its input's buffer (memory.py's list): a view costs its source.
-_VIEW_OPS = frozenset({"Reshape", "Identity", "ExpandDims", "Squeeze", "StopGradient", "Snapshot"})
-# Forward tensors that are not activations, and readers that need only a shape.
-_NOT_ACTIVATIONS = frozenset({"ReadVariableOp", "Const", "VarHandleOp"})
+# Readers that need only a shape.
 _SHAPE_READERS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 
 
@@ -76,6 +79,8 @@ class NodeMemory:
         its end, per example (memory.CellMemory's).
       input_transient_bytes, input_end_bytes: a split backward's I's, likewise
         (memory.CellMemory's).
+      weight_gradients: its layer's trainable variables and their gradients, where the
+        layer is first called (WeightGradient), else ().
     """
 
     saved_args: tuple
@@ -91,30 +96,66 @@ class NodeMemory:
     backward_end_bytes: int = 0
     input_transient_bytes: int = 0
     input_end_bytes: int = 0
+    weight_gradients: tuple = ()
+
+    def GradientBytes(self, rows: int) -> int:
+        """The gradients of its weights from `rows` examples: dense, or slices."""
+        return sum(w.Bytes(rows) for w in self.weight_gradients)
 
 
-def _Source(t: tf.Tensor) -> tf.Tensor:
-    while t.op.type in _VIEW_OPS and t.op.inputs:
-        t = t.op.inputs[0]
-    return t
+@dataclasses.dataclass(frozen=True)
+class WeightGradient:
+    """A trainable variable and its gradient as the executor sums it for Keras'
+    optimizers: dense, or (`sliced`, an embedding's table) its slices, values in
+    float32 and indices: `slice_bytes` per example where the rows looked up depend on
+    the node's arguments (concatenated over micro-batches), `shared_slice_bytes` where
+    they do not (positions 0..T-1: one micro-batch's, added in place over the others).
+    """
 
+    variable_bytes: int
+    sliced: bool = False
+    slice_bytes: int = 0
+    shared_slice_bytes: int = 0
 
-def _Bytes(t: tf.Tensor) -> int:
-    if t.dtype in (tf.resource, tf.variant) or not t.shape.is_fully_defined():
-        return 0
-    return t.shape.num_elements() * t.dtype.size
+    def Bytes(self, rows: int) -> int:
+        """Its gradient from `rows` examples."""
+        if not self.sliced:
+            return self.variable_bytes
+        return rows * self.slice_bytes + self.shared_slice_bytes
+
+    def Update(self, cost: update_memory.UpdateCost, rows: int) -> int:
+        """What the optimizer's update of it holds (`cost`), its gradient from `rows`."""
+        return cost.Bytes(self.variable_bytes, self.Bytes(rows) if self.sliced else None)
 
 
 def _VariableBytes(variables: Sequence[Any]) -> int:
     return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables)
 
 
-def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int, int]:
+def _Slices(weight_grads: list, args: list) -> dict[int, tuple[int, int]]:
+    """Of a traced node's weight gradients, those that are slices (tf.IndexedSlices: an
+    embedding's): by position, (their bytes where the rows looked up depend on `args`,
+    their bytes where not), values counted in float32 as the sums hold them."""
+    out = {}
+    for i, g in enumerate(weight_grads):
+        if not isinstance(g, tf.IndexedSlices):
+            continue
+        # One slice per index looked up; the gradient's own shapes are dynamic.
+        indices = op_walk.Source(g.indices)
+        count = indices.shape.num_elements() if indices.shape.is_fully_defined() else 1
+        row = math.prod(d or 1 for d in g.values.shape[1:])
+        size = count * (row * max(g.values.dtype.size, 4) + indices.dtype.size)
+        out[i] = (size, 0) if gradient_sums.DependsOn(g.indices, args) else (0, size)
+    return out
+
+
+def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple:
     """What the node's gradient ops read, traced for `specs` without running: (all of
     them, the weight-only ones), each as (argument positions, output positions, other
     bytes); the bytes of the gradients that the weight-only ops read from the rest
-    (held from a split backward's I to its W, as memory.CellMemory.deferred_bytes); and
-    the backward's transients (memory.BackwardTransients)."""
+    (held from a split backward's I to its W, as memory.CellMemory.deferred_bytes); the
+    backward's transients (memory.BackwardTransients); and its weights' slices
+    (_Slices)."""
     call, variables = graph_lib.NodeCall(node), graph_lib.TrainableVariables(node)
     found: dict = {}
 
@@ -133,14 +174,15 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int, i
         deferred = memory.DeferredBytes(backward, weight_only)
         found.update(forward=forward, args=args, outputs=outputs, backward=backward)
         found.update(weight_only=weight_only, deferred=deferred)
+        found["slices"] = _Slices(grads[len(xs) :], list(args))
         # What it reads of its own forward: its arguments are other nodes' outputs (or the
         # stage's inputs), whose backwards may read them after it, so it frees none.
         arg_refs = {x.ref() for x in args}
+        sources = [op_walk.Source(t) for op in backward for t in op.inputs]
         held = {
-            _Source(t).ref(): _Source(t)
-            for op in backward for t in op.inputs
-            if _Source(t).op in forward and _Source(t).op.type not in _NOT_ACTIVATIONS
-            and _Source(t).ref() not in arg_refs
+            t.ref(): t for t in sources
+            if t.op in forward and t.op.type not in op_walk.NOT_ACTIVATIONS
+            and t.ref() not in arg_refs
         }  # fmt: skip
         found["transients"] = memory.BackwardTransients(
             backward, weight_only, list(held.values()), dys, grads[: len(xs)]
@@ -150,26 +192,26 @@ def _Saved(node: graph_lib.GraphNode, specs: list) -> tuple[tuple, tuple, int, i
     # Traced, never run; Keras layers need no autograph (and it costs most of a trace).
     tf.function(Fn, autograph=False).get_concrete_function(*specs)
     arg_at = {x.ref(): i for i, x in enumerate(found["args"])}
-    out_at = {_Source(y).ref(): i for i, y in enumerate(found["outputs"])}
+    out_at = {op_walk.Source(y).ref(): i for i, y in enumerate(found["outputs"])}
 
     def Read(ops: Any) -> tuple:
         args, outs, other = set(), set(), {}
         for op in ops:
             if op.type in _SHAPE_READERS:
                 continue
-            for t in map(_Source, op.inputs):
-                if t.op not in found["forward"] or t.op.type in _NOT_ACTIVATIONS:
+            for t in map(op_walk.Source, op.inputs):
+                if t.op not in found["forward"] or t.op.type in op_walk.NOT_ACTIVATIONS:
                     continue
                 if t.ref() in arg_at:
                     args.add(arg_at[t.ref()])
                 elif t.ref() in out_at:
                     outs.add(out_at[t.ref()])
                 else:
-                    other[t.ref()] = _Bytes(t)
+                    other[t.ref()] = op_walk.Bytes(t)
         return tuple(sorted(args)), tuple(sorted(outs)), sum(other.values())
 
     saved = Read(found["backward"]), Read(found["weight_only"])
-    return saved + (found["deferred"], found["transients"])
+    return saved + (found["deferred"], found["transients"], found["slices"])
 
 
 def _FloatArgs(graph: graph_lib.Graph, i: int) -> int:
@@ -212,7 +254,13 @@ def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> li
             ) from None
         if key is not None:
             traced[key] = saved
-        (args, outs, internal), (w_args, w_outs, w_internal), deferred, transients = saved
+        (args, outs, internal), (w_args, w_outs, w_internal), deferred, transients = saved[:4]
+        slices = saved[4]
+        variables = graph_lib.TrainableVariables(node) if trainable[i] else []
+        weight_gradients = tuple(
+            WeightGradient(_VariableBytes([v]), j in slices, *slices.get(j, (0, 0)))
+            for j, v in enumerate(variables)
+        )
         out.append(
             NodeMemory(
                 saved_args=tuple(k for j, k in enumerate(node.arg_keys) if j in args),
@@ -228,6 +276,7 @@ def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> li
                 backward_end_bytes=transients[1],
                 input_transient_bytes=transients[2],
                 input_end_bytes=transients[3],
+                weight_gradients=weight_gradients,
             )
         )
     return out
@@ -264,6 +313,8 @@ class GraphMemory:
     graph: graph_lib.Graph
     nodes: list[NodeMemory]
     slots_per_weight: float
+    # The optimizer's update per byte (update_memory.UpdateCostOf); zero: not counted.
+    update_cost: update_memory.UpdateCost = update_memory.UpdateCost()
 
     def Stages(
         self,
@@ -304,13 +355,16 @@ class GraphMemory:
                 sim, m, k, kept, boundary, internal, deferred, min(held, boundary + internal)
             )
             trainable = sum(n.trainable_bytes for n in mine)
+            gradients = sum(n.GradientBytes(batch_size) for n in mine)
+            weights = [w for n in mine for w in n.weight_gradients]
+            update = max((w.Update(self.update_cost, batch_size) for w in weights), default=0)
             units = [
                 memory.Unit(
                     transient=rows * n.backward_transient_bytes,
                     leaves=rows * (n.backward_end_bytes - sent_on),
                     input_transient=rows * n.input_transient_bytes,
                     input_leaves=rows * (n.input_end_bytes - sent_on),
-                    gradients=n.trainable_bytes,
+                    gradients=n.GradientBytes(rows),
                 )
                 for n, sent_on in zip(mine, (_FloatArgs(graph, i) for i in idx))
             ]
@@ -318,14 +372,15 @@ class GraphMemory:
             out.append(
                 memory.StageMemory(
                     weights=sum(n.weight_bytes for n in mine),
-                    gradients=trainable,
+                    gradients=gradients,
                     optimizer_slots=int(self.slots_per_weight * trainable),
                     activations=simulate.PeakOf(events) + (batch_bytes if k == 0 else 0),
                     workspace=spaces.most if sched.has_backward else 0,
                     peak_alive=sim.peak_alive[k],
                     events=tuple(events),
                     alive_events=tuple(memory.ActivationEvents(sim, m, k, set(), 1, 0, ramp=False)),
-                    step_events=tuple(memory.StepEvents(sim, k, trainable, spaces)),
+                    step_events=tuple(memory.StepEvents(sim, k, gradients, spaces, update)),
+                    update=update if sched.has_backward else 0,
                 )
             )
         return out

@@ -46,6 +46,7 @@ import tensorflow as tf
 from lingpipe import plan as plan_lib
 from lingpipe.keras import graph as graph_lib
 from lingpipe.keras import graph_memory
+from lingpipe.pipeline.observe import update_memory
 from lingpipe.pipeline.planning import partition, planner, report
 from lingpipe.pipeline.schedules import generators
 
@@ -283,14 +284,20 @@ def _Devices(devices: Any, where: str) -> tuple[int, list | None]:
     return devices, None
 
 
-def _Optimizer(model: Any, optimizer: Any) -> tuple[Any, str]:
+def _Optimizer(model: Any, optimizer: Any) -> tuple[Any, update_memory.UpdateCost, str]:
+    """(slots per weight, the update's cost, a note) of the optimizer the plan counts."""
     if optimizer is None:
         optimizer = getattr(model, "optimizer", None)
         if optimizer is None:
-            return 2, "2 optimizer slots per weight (Adam's; pass optimizer=)"
+            note = "2 optimizer slots per weight and Adam's update (pass optimizer=)"
+            return 2, update_memory.UpdateCostOf(2, WHERE), note
     slots = graph_memory.SlotsPerWeight(optimizer, WHERE)
     name = f"{type(optimizer).__name__}, " if not isinstance(optimizer, (int, float)) else ""
-    return slots, f"optimizer slots: {name}{slots:g} per weight"
+    return (
+        slots,
+        update_memory.UpdateCostOf(optimizer, WHERE),
+        (f"optimizer slots: {name}{slots:g} per weight"),
+    )
 
 
 def Plan(
@@ -333,8 +340,9 @@ def Plan(
             f"under {restrictions or 'no restrictions'} (M micro-batches at most the batch, "
             f"K stages at most the model's {len(graph.nodes)} layer calls)"
         )
-    slots, note = _Optimizer(model, restrictions.get("optimizer"))
-    memory = graph_memory.GraphMemory(graph, graph_memory.TraceNodes(graph, WHERE), slots)
+    slots, update, note = _Optimizer(model, restrictions.get("optimizer"))
+    traced = graph_memory.TraceNodes(graph, WHERE)
+    memory = graph_memory.GraphMemory(graph, traced, slots, update)
 
     def MemoryFn(c: planner.Candidate) -> list[int]:
         sched = generators.Make(c.schedule, c.num_stages, c.num_micro_batches, c.num_virtual_stages)

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from lingpipe import optimizers
 from lingpipe.layers import feedforward, gpipe, linear
-from lingpipe.pipeline.observe import memory
+from lingpipe.pipeline.observe import memory, op_walk
 from lingpipe.pipeline.schedules import generators, simulate
 from lingpipe.pipeline.step import micro_batch
 
@@ -138,7 +138,8 @@ def test_report_prints_the_memory_table_and_the_measured_peak():
         "1 optimizer slots per weight):"
     )
     assert lines[at + 1].split() == [
-        "stage", "weights", "grads", "slots", "activations", "workspace", "total", "alive"
+        "stage", "weights", "grads", "slots", "activations", "workspace", "update", "total",
+        "alive",
     ]  # fmt: skip
     assert lines[at + 2].split()[0] == "0" and lines[at + 2].split()[-1] == "2"
     total = report.memory_total / 2**20
@@ -269,11 +270,11 @@ def test_transients_pass_a_buffer_to_an_element_wise_op_that_reads_it_last():
         c = tf.concat([b, b], 0)  # 8 KiB, with b alive
         d = tf.reduce_sum(c)
         ops = [op for op in graph.get_operations() if op is not dy.op]
-        assert memory.Transients(ops, {d.ref()}, received=[dy])[0] == 4096 + 8192
+        assert op_walk.Transients(ops, {d.ref()}, received=[dy])[0] == 4096 + 8192
         # With `a` read again after the concat, b needs a buffer of its own.
         e = a + 1.0
         ops = [op for op in graph.get_operations() if op is not dy.op]
-        assert memory.Transients(ops, {d.ref(), e.ref()}, received=[dy])[0] == 2 * 4096 + 8192
+        assert op_walk.Transients(ops, {d.ref(), e.ref()}, received=[dy])[0] == 2 * 4096 + 8192
 
 
 def test_an_einsum_holds_copies_of_its_operands_while_it_runs():
@@ -286,7 +287,7 @@ def test_an_einsum_holds_copies_of_its_operands_while_it_runs():
         ops = [op for op in graph.get_operations() if op.type != "Placeholder"]
         # At the Einsum: dy, q, its output and a copy of each operand (the kernel
         # transposes them into a buffer of its own), on top of the held q.
-        peak, end = memory.Transients(ops, {out.ref()}, held=[q], received=[dy])
+        peak, end = op_walk.Transients(ops, {out.ref()}, held=[q], received=[dy])
         assert peak == 16384 + 8192 + 2 * 16384
         # q and dy read last by the Einsum, the copies gone with it: the sum is left.
         assert end == 4 - 16384

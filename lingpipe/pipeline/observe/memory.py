@@ -5,6 +5,9 @@ Per stage:
 - weights: every variable of the stage's cells (batch norm's moving statistics too).
 - gradients: the running sum over micro-batches of each trainable weight's gradient.
 - optimizer slots: what the optimizer keeps per trainable weight (`SlotBytes`).
+- update: what the optimizer's update of the stage's largest variable makes, at the
+  step's end (update_memory.UpdateCostOf: Adam two weight-sized tensors, SGD one); the
+  activations and workspaces are freed by then.
 - activations: what the step keeps alive for the backward under the schedule and the
   remat policy: the peak over the schedule's simulated time of what the micro-batches
   hold (`ActivationEvents`).
@@ -12,7 +15,7 @@ Per stage:
   the activations: the gradients passed from op to op and the largest weight gradient
   before it joins the sum. Each cell's backward is walked op by op in order, each
   tensor alive from its op to its last reader, an element-wise op writing into an
-  input it reads last (`Transients`): what it holds at most, and what it leaves at its
+  input it reads last (op_walk.Transients): what it holds at most, and what it leaves at its
   end (its activations freed, below 0). A backward runs its stage's cells last first,
   each cell's peak on top of what the cells before it left (`StageWorkspaces`): a
   stage's backward frees its activations cell by cell. In the stage's first backward
@@ -46,6 +49,7 @@ from typing import Any
 import tensorflow as tf
 
 from lingpipe import base_layer, hyperparams, optimizers
+from lingpipe.pipeline.observe import op_walk, update_memory
 from lingpipe.pipeline.planning import costs
 from lingpipe.pipeline.schedules import simulate
 from lingpipe.pipeline.schedules.schedule import (
@@ -77,7 +81,6 @@ __all__ = [
     "StageMemory",
     "TraceCells",
     "TracedFor",
-    "Transients",
     "WeightHeld",
     "StageWorkspaces",
     "Unit",
@@ -85,11 +88,6 @@ __all__ = [
     "WalkPeak",
     "Workspaces",
 ]
-
-# Ops whose output shares its input's buffer: a saved view costs what its source costs.
-_VIEW_OPS = frozenset({"Reshape", "Identity", "ExpandDims", "Squeeze", "StopGradient", "Snapshot"})
-# Saved tensors that are not activations: the weights, constants.
-_NOT_ACTIVATIONS = frozenset({"ReadVariableOp", "Const", "VarHandleOp"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +148,8 @@ class StageMemory:
     activations: int
     workspace: int  # a backward's transients beside the gradients (Workspaces.most)
     peak_alive: int  # most micro-batches alive at once (simulate.Simulation.peak_alive)
+    # The optimizer's update of the largest variable, at the step's end (update_memory).
+    update: int = 0
     # (time, delta) of the activation bytes and of the alive micro-batches, for DeviceMemory.
     events: tuple = dataclasses.field(default=(), repr=False, compare=False)
     alive_events: tuple = dataclasses.field(default=(), repr=False, compare=False)
@@ -163,22 +163,8 @@ class StageMemory:
     def total(self) -> int:
         if self.joint is not None:
             return self.joint
-        return (
-            self.weights + self.gradients + self.optimizer_slots + self.activations + self.workspace
-        )
-
-
-def _Bytes(t: Any) -> int:
-    if t.dtype in (tf.resource, tf.variant, tf.string):
-        return 0
-    n = t.shape.num_elements() if t.shape.is_fully_defined() else None
-    return (n or 0) * t.dtype.size
-
-
-def _Source(t: tf.Tensor) -> tf.Tensor:
-    while t.op.type in _VIEW_OPS and t.op.inputs:
-        t = t.op.inputs[0]
-    return t
+        held = self.weights + self.gradients + self.optimizer_slots
+        return held + max(self.activations + self.workspace, self.update)
 
 
 def _Placeholder(spec: Any) -> tf.Tensor:
@@ -206,18 +192,18 @@ def _TraceInGraph(p: Any, in_specs: tuple) -> CellMemory:
         saved = _Read(backward, forward)  # {tensor: bytes}: the forward tensors the backward reads
         for_weights = _Read(weight_only, forward)
         inputs_ref = {x.ref() for x in tf.nest.flatten(inputs)}
-        outputs_ref = {_Source(y).ref() for y in tf.nest.flatten(outputs)}
+        outputs_ref = {op_walk.Source(y).ref() for y in tf.nest.flatten(outputs)}
         kept_back = [r.deref() for r in saved if r not in inputs_ref]
         transients = BackwardTransients(backward, weight_only, kept_back, dys, grads[:n])
     return CellMemory(
-        weight_bytes=sum(_Bytes(v) for v in cell.variables),
+        weight_bytes=sum(op_walk.Bytes(v) for v in cell.variables),
         trainable_shapes=tuple(tuple(v.shape.as_list()) for v in trainable),
         dtype_size=trainable[0].dtype.size if trainable else 4,
-        input_bytes=sum(_Bytes(x) for x in tf.nest.flatten(inputs)),
+        input_bytes=sum(op_walk.Bytes(x) for x in tf.nest.flatten(inputs)),
         saved_bytes=sum(b for r, b in saved.items() if r not in inputs_ref),
         input_saved_bytes=sum(b for r, b in saved.items() if r in inputs_ref),
         output_saved_bytes=sum(b for r, b in saved.items() if r in outputs_ref),
-        output_bytes=sum(_Bytes(y) for y in tf.nest.flatten(outputs)),
+        output_bytes=sum(op_walk.Bytes(y) for y in tf.nest.flatten(outputs)),
         out_specs=tf.nest.map_structure(
             lambda y: tf.TensorSpec(y.shape, y.dtype), costs.AsArgs(outputs)
         ),
@@ -237,82 +223,10 @@ def _Read(ops: Any, forward: set) -> dict:
     read = {}
     for op in ops:
         for t in op.inputs:
-            src = _Source(t)
-            if src.op in forward and src.op.type not in _NOT_ACTIVATIONS:
-                read[src.ref()] = _Bytes(src)
+            src = op_walk.Source(t)
+            if src.op in forward and src.op.type not in op_walk.NOT_ACTIVATIONS:
+                read[src.ref()] = op_walk.Bytes(src)
     return read
-
-
-# Ops that make no buffer of their own for the walk: views, weights, constants, inputs.
-_NO_BUFFER = _VIEW_OPS | _NOT_ACTIVATIONS | {"Placeholder"}
-
-
-# Kernels that copy their operands while they run: TensorFlow's Einsum transposes an
-# operand whose contracted dimensions are not where a batched matmul reads them, into a
-# buffer of its own held until the op returns (measured on the Keras transformer's
-# attention gradients: two such copies beside the output of one Einsum).
-_SCRATCH_OPS = frozenset({"Einsum"})
-
-
-def _Scratch(op: Any) -> int:
-    """Bytes an op holds while it runs beyond its outputs: its operands' copies, at most."""
-    if op.type not in _SCRATCH_OPS:
-        return 0
-    return sum(_Bytes(_Source(x)) for x in op.inputs)
-
-
-def Transients(
-    ops: Sequence[Any],
-    kept: set,
-    skip: Any = frozenset(),
-    held: Sequence[Any] = (),
-    received: Sequence[Any] = (),
-) -> tuple[int, int]:
-    """(the most bytes alive at once, the bytes alive at the end), beyond `held`, as
-    `ops` run in their order (graph order: every op after its inputs' ops): a
-    backward's transients. The end can be below 0: `held` tensors freed.
-
-    Each tensor that `ops` make is alive from its op to its last reader among `ops`
-    (views resolved), those in `kept` (refs) to the end. `held`: tensors alive before
-    (a backward's saved activations, counted elsewhere): freed by their last reader, or
-    passing their buffer on. `received`: tensors alive before and counted (the
-    outputs' gradients). Tensors made by the ops in `skip` are not counted, nor ops
-    whose outputs nothing reads (TensorFlow prunes them). An op that makes a tensor of
-    the shape and dtype of an input whose last reader it is writes into that input's
-    buffer, as TensorFlow's element-wise kernels do (forward_input_or_allocate_output):
-    the buffer passes on, nothing is added. An Einsum holds copies of its operands
-    while it runs (_Scratch): they count at its moment, not after."""
-    read = [[_Source(x) for x in op.inputs] for op in ops]  # each op's inputs, views resolved
-    last = {}
-    for i, sources in enumerate(read):
-        for t in sources:
-            last[t.ref()] = i
-    size = {_Source(t).ref(): _Bytes(_Source(t)) for t in list(held) + list(received)}
-    start = sum(_Bytes(_Source(t)) for t in held)
-    live = peak = sum(size.values())
-    for i, op in enumerate(ops):
-        outputs = [(t, t.ref()) for t in op.outputs]
-        used = any(r in last or r in kept for _, r in outputs)
-        scratch = 0
-        if used and op.type not in _NO_BUFFER and op not in skip:
-            scratch = _Scratch(op)
-            # Inputs this op reads last, not kept: their buffers can pass to its outputs.
-            spare = [x for x in read[i] if x.ref() in size and last[x.ref()] == i]
-            spare = [x for x in spare if x.ref() not in kept]
-            for t, r in outputs:
-                if r in size or not _Bytes(t):
-                    continue
-                same = [j for j, x in enumerate(spare) if (x.dtype, x.shape) == (t.dtype, t.shape)]
-                if same:  # in place: the input's buffer becomes the output's
-                    size[r] = size.pop(spare.pop(same[0]).ref())
-                else:
-                    size[r] = _Bytes(t)
-                    live += size[r]
-        peak = max(peak, live + scratch)
-        for r in [r for _, r in outputs] + [x.ref() for x in read[i]]:
-            if r in size and last.get(r, i) <= i and r not in kept:
-                live -= size.pop(r)
-    return peak - start, live - start
 
 
 def BackwardTransients(
@@ -328,11 +242,11 @@ def BackwardTransients(
     left out (the workspace adds the largest weight gradient); I runs the rest, and
     holds what the weight-only ops will read (the gradients it makes for W, the saved
     tensors W reads) to its end, however early it made them."""
-    dxs = {_Source(g).ref() for g in input_grads if g is not None}
-    b, b_end = Transients(backward, dxs, weight_only, held=saved, received=dys)
-    for_w = {_Source(t).ref() for op in weight_only for t in op.inputs}
+    dxs = {op_walk.Source(g).ref() for g in input_grads if g is not None}
+    b, b_end = op_walk.Transients(backward, dxs, weight_only, held=saved, received=dys)
+    for_w = {op_walk.Source(t).ref() for op in weight_only for t in op.inputs}
     i_ops = [op for op in backward if op not in weight_only]
-    i, i_end = Transients(i_ops, dxs | for_w, held=saved, received=dys)
+    i, i_end = op_walk.Transients(i_ops, dxs | for_w, held=saved, received=dys)
     return b, b_end, i, i_end
 
 
@@ -343,9 +257,9 @@ def DeferredBytes(backward: list, weight_only: set) -> int:
     held = {}
     for op in weight_only:
         for t in op.inputs:
-            src = _Source(t)
+            src = op_walk.Source(t)
             if src.op in within and src.op not in weight_only:  # the dy fed in is in `within`
-                held[src.ref()] = _Bytes(src)
+                held[src.ref()] = op_walk.Bytes(src)
     return sum(held.values())
 
 
@@ -580,17 +494,21 @@ def DeviceMemory(stages: Sequence[StageMemory]) -> StageMemory:
         optimizer_slots=sum(s.optimizer_slots for s in stages),
         activations=acts + sum(s.activations - simulate.PeakOf(s.events) for s in stages),
         workspace=max(s.workspace for s in stages),
+        update=sum(s.update for s in stages),
         peak_alive=simulate.PeakOf([e for s in stages for e in s.alive_events]),
         joint=HostMemory([stages]) if timed else None,
     )
 
 
-def StepEvents(sim: Any, stage: int, gradients: int, spaces: Workspaces) -> list[tuple[float, int]]:
-    """(time, +bytes or -bytes) in `sim` of stage `stage`'s gradients and workspace
-    (`spaces`, StageWorkspaces). The workspace is held while each backward action runs:
-    a B's, the first B's (which makes the gradients as it goes, held by it), an I's or a
-    W's. The gradients are whole from the end of the first B, or from the start of the
-    first W where the backward is split (an I makes none)."""
+def StepEvents(
+    sim: Any, stage: int, gradients: int, spaces: Workspaces, update: int = 0
+) -> list[tuple[float, int]]:
+    """(time, +bytes or -bytes) in `sim` of stage `stage`'s gradients, workspace
+    (`spaces`, StageWorkspaces) and optimizer update. The workspace is held while each
+    backward action runs: a B's, the first B's (which makes the gradients as it goes,
+    held by it), an I's or a W's. The gradients are whole from the end of the first B,
+    or from the start of the first W where the backward is split (an I makes none). The
+    update (`update` bytes) comes at the step's end, after every device's last action."""
     backs = [a for a in sim.start if a.stage == stage and a.kind != FORWARD]
     makers = [
         a for a in backs
@@ -606,7 +524,8 @@ def StepEvents(sim: Any, stage: int, gradients: int, spaces: Workspaces) -> list
         bytes_ = spaces.first if a == first and a.kind != BACKWARD_WEIGHT else held[a.kind]
         events += [(sim.start[a], bytes_), (sim.end[a], -bytes_)]
     whole = sim.start[first] if first.kind == BACKWARD_WEIGHT else sim.end[first]
-    return events + [(whole, gradients)]
+    events += [(whole, gradients)]
+    return events + ([(max(sim.end.values()), update)] if update else [])
 
 
 def HostMemory(per_device: Sequence[Sequence[StageMemory]]) -> int:
@@ -695,7 +614,7 @@ def Estimate(
       input_specs: the pipeline's inputs for a whole batch (tf.TensorSpecs or shapes).
       sched: the schedule of the step; kept: the (stage, micro-batch) pairs whose
         activations are kept (PipeliningLayer.KeptActivations).
-      optimizer: see SlotBytes.
+      optimizer: see SlotBytes; its update, update_memory.UpdateCostOf.
       batch_dim: the inputs' batch dimension.
       traced: TraceCells of these cells for this micro-batch size, if already made (the
         planner reuses them over the schedules it tries).
@@ -710,7 +629,8 @@ def Estimate(
     if cells is None:
         cells = TracedFor(parent_p, cell_params, input_specs, sched.num_micro_batches, batch_dim)
     sim = simulate.Simulate(sched)
-    batch_bytes = sum(_Bytes(s) for s in tf.nest.flatten(whole))
+    batch_bytes = sum(op_walk.Bytes(s) for s in tf.nest.flatten(whole))
+    update_cost = update_memory.UpdateCostOf(optimizer)
     out = []
     for k, idx in enumerate(stage_cells):
         mine = [cells[i] for i in idx]
@@ -722,6 +642,7 @@ def Estimate(
         deferred = sum(c.deferred_bytes for c in mine)
         for_w = WeightHeld(mine, boundary, internal)
         gradients = sum(map(math.prod, shapes)) * size
+        update = update_cost.Bytes(max(map(math.prod, shapes), default=0) * size)
         spaces = StageWorkspaces(Units(mine), mine[-1].output_bytes, mine[0].input_bytes)
         events = ActivationEvents(
             sim, sched.num_micro_batches, k, kept, boundary, internal, deferred, for_w
@@ -737,7 +658,8 @@ def Estimate(
                 peak_alive=sim.peak_alive[k],
                 events=tuple(events),
                 alive_events=tuple(alive),
-                step_events=tuple(StepEvents(sim, k, gradients, spaces)),
+                step_events=tuple(StepEvents(sim, k, gradients, spaces, update)),
+                update=update if sched.has_backward else 0,
             )
         )
     return out

@@ -168,11 +168,13 @@ class PartitionReport:
             return [self.memory_note] if self.memory_note else []
         devices = {s.device for s in self.stages}
         per_device = self.measured is not None and set(self.measured) <= devices
-        rows = [["stage", "weights", "grads", "slots", "activations", "workspace", "total"]]
+        rows = [["stage", "weights", "grads", "slots", "activations", "workspace", "update"]]
+        rows[0] += ["total"]
         rows[0] += ["alive"] + (["measured"] if per_device else [])
         for s in self.stages:
             m = s.memory
             parts = (m.weights, m.gradients, m.optimizer_slots, m.activations, m.workspace)
+            parts += (m.update,)
             row = [str(s.stage)] + [_Mib(b) for b in parts + (m.total,)] + [str(m.peak_alive)]
             if per_device:
                 row.append(_Mib(self.measured[s.device]) if s.device in self.measured else "?")

@@ -29,6 +29,7 @@ from lingpipe.pipeline.step import precision
 
 __all__ = [
     "Add",
+    "DependsOn",
     "Finished",
     "Scaled",
     "Slices",
@@ -49,7 +50,7 @@ class Slices:
     shared: bool
 
 
-def _DependsOn(tensor: tf.Tensor, inputs: Sequence[Any]) -> bool:
+def DependsOn(tensor: tf.Tensor, inputs: Sequence[Any]) -> bool:
     """Whether `tensor`'s value depends on the values of `inputs` in the traced graph."""
     if tf.executing_eagerly() or not hasattr(tensor, "op"):
         return True
@@ -74,7 +75,7 @@ def Summand(g: Any, sparse: bool, inputs: Sequence[Any]) -> Any:
     if not sparse:
         return precision.ForAccumulation(tf.convert_to_tensor(g))
     values = precision.ForAccumulation(g.values)
-    shared = not _DependsOn(g.indices, inputs)
+    shared = not DependsOn(g.indices, inputs)
     return Slices(tf.IndexedSlices(values, g.indices, g.dense_shape), shared)
 
 
