@@ -379,7 +379,9 @@ class GraphMemory:
                     peak_alive=sim.peak_alive[k],
                     events=tuple(events),
                     alive_events=tuple(memory.ActivationEvents(sim, m, k, set(), 1, 0, ramp=False)),
-                    step_events=tuple(memory.StepEvents(sim, k, gradients, spaces, update)),
+                    step_events=tuple(
+                        memory.StepEvents(sim, k, gradients, spaces, update, sched.stage_devices)
+                    ),
                     update=update if sched.has_backward else 0,
                 )
             )

@@ -394,6 +394,28 @@ def test_a_split_backward_s_gradients_are_whole_from_its_first_w():
     assert memory.StepEvents(forward_only, 1, 4, spaces) == []
 
 
+def test_a_b_that_runs_alone_holds_its_graph_order_walk_one_beside_another_device_more():
+    # Two units whose B walks in graph order hold 2 and whose I walks (the
+    # weight-gradient ops as late as W) hold 4; gradients of 8 each.
+    units = [memory.Unit(3, 0, 3, 0, 8)] + [memory.Unit(2, -10, 4, -10, 8)] * 2
+    spaces = memory.StageWorkspaces(units, received=2, sent=3)
+    assert (spaces.backward, spaces.first) == (4 + 8, 4 + 8)
+    assert (spaces.backward_alone, spaces.first_alone) == (3 + 8, 2 + 8)  # at least 3
+    devices = [0, 1]
+
+    def Held(name: str, m: int, stage: int, stage_devices=devices) -> list:
+        sim = simulate.Simulate(generators.Make(name, 2, m))
+        events = memory.StepEvents(sim, stage, 4, spaces, 0, stage_devices)
+        return [b for _, b in sorted(e for e in events if e[1] > 4)]
+
+    # GPipe at M=1 runs one action at a time: each B alone.
+    assert Held("gpipe", 1, 0) == [10] and Held("gpipe", 1, 1) == [10]
+    # 1F1B at M=4 runs stage 0's Bs beside stage 1's actions, but its last.
+    assert Held("1f1b", 4, 0) == [12, 12, 12, 11]
+    # Without the devices, every B counts as loaded.
+    assert Held("gpipe", 1, 0, None) == [12]
+
+
 def test_a_backward_frees_each_cell_s_activations_as_it_passes_it():
     # Three cells; the backward meets the last first. The first cell holds 20 at its
     # peak and frees nothing (its inputs are the stage's); the two after it hold 4 (2
