@@ -93,7 +93,7 @@ def test_pipeline_reports(task):
 
 def test_pipeline_reports_memory_under_the_tasks_optimizer(task):
     """The LM trains with Adam: per stage, gradients as big as the weights (all are
-    trainable), two slots each, and activations for its 2 micro-batches."""
+    trainable), two slots each, activations for its 2 micro-batches, and its update."""
     text = inspect_model.PipelineReports(task)[0][1]
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("memory per stage"))
@@ -103,7 +103,8 @@ def test_pipeline_reports_memory_under_the_tasks_optimizer(task):
         m = s.memory
         assert m.weights == m.gradients == 4 * s.num_params
         assert m.optimizer_slots == 2 * m.gradients and m.peak_alive == 2
-        assert m.activations > 0 and line.split()[6] == f"{m.total / 2**20:.1f}"
+        assert m.activations > 0 and line.split()[7] == f"{m.total / 2**20:.1f}"
+        assert m.update > 0 and line.split()[6] == f"{m.update / 2**20:.1f}"
     assert lines[-1] == f"estimated total {report.memory_total / 2**20:.1f} MiB"
 
 
