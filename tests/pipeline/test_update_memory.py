@@ -79,3 +79,14 @@ def test_the_update_of_a_stage_s_largest_weight_comes_at_the_step_s_end():
     held = s.weights + s.gradients + s.optimizer_slots
     bigger = memory.StageMemory(s.weights, s.gradients, s.optimizer_slots, 1, 1, 1, update=10**6)
     assert bigger.total == held + 10**6
+
+
+def test_asked_while_a_tf_function_traces_the_probe_is_built_eagerly():
+    update_memory._COSTS.clear()  # not cached from another test: probed here
+    adam = keras.optimizers.Adam(1e-3)
+
+    @tf.function
+    def Traced():
+        return tf.constant(update_memory.UpdateCostOf(adam).dense)
+
+    assert float(Traced()) == 2.0

@@ -121,10 +121,10 @@ def _Cost(optimizer: keras.optimizers.Optimizer) -> UpdateCost:
     key = (type(optimizer), json.dumps(optimizer.get_config(), sort_keys=True, default=str))
     if key not in _COSTS:
         table = _ROWS * _WIDTH * 4
-        small, large = (_Probe(optimizer, n) for n in _LOOKUPS)
+        small, large, dense = (_Probe(optimizer, n) for n in (*_LOOKUPS, None))
         values = max(0.0, (large - small) / ((_LOOKUPS[1] - _LOOKUPS[0]) * _WIDTH * 4))
         sliced = max(0.0, (small - values * _LOOKUPS[0] * _WIDTH * 4) / table)
-        _COSTS[key] = UpdateCost(dense=_Probe(optimizer, None) / table, table=sliced, values=values)
+        _COSTS[key] = UpdateCost(dense=dense / table, table=sliced, values=values)
     return _COSTS[key]
 
 
@@ -154,7 +154,10 @@ def UpdateCostOf(optimizer: Any, where: str = "memory estimate") -> UpdateCost:
             f"params or a number of slots per weight, received {type(optimizer).__name__}"
         )
     try:
-        return _Cost(optimizer)
+        # Eager, whatever graph or tf.function asks (a report built while tracing): the
+        # optimizer's config reads its learning rate, and the probe builds a variable.
+        with tf.init_scope():
+            return _Cost(optimizer)
     except Exception as e:  # noqa: BLE001 (whatever an optimizer's own update raises)
         raise ValueError(
             f"{where}: cannot trace the update of optimizer {type(optimizer).__name__} "
