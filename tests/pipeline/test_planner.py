@@ -263,3 +263,13 @@ def test_contention_is_the_least_reading_as_a_slowed_period_only_raises_one(monk
     devices = ["/device:CPU:0", "/device:CPU:1"]
     assert cost_model.MeasureContention(devices, rounds=3, pause_s=0.0) == pytest.approx(1.0)
     assert cost_model.MeasureContention(devices[:1]) == 1.0
+
+
+def test_the_screen_says_when_nothing_was_refused():
+    from lingpipe.pipeline.planning import report
+
+    roomy, tight = _Search(2**30), _Search(48 * 2**20)
+    screen = report.PlanScreen("plan", roomy.chosen, "what", "how", roomy.runners_up, [])
+    assert screen.splitlines()[-1] == "refused: none, every candidate fits the cap"
+    screen = report.PlanScreen("plan", tight.chosen, "what", "how", [], tight.refused)
+    assert f"refused ({len(tight.refused)}, over the cap):" in screen.splitlines()

@@ -240,6 +240,8 @@ def PlanScreen(
     ]
     for r in runners_up:
         lines.append(f"  {r.step_seconds * 1e3:8.{ms_digits}f} ms  {r.Describe()}")
+    if not refused:
+        return "\n".join(lines + ["refused: none, every candidate fits the cap"])
     lines.append(f"refused ({len(refused)}, over the cap):")
     for r in refused[:5]:
         over = Bytes(r.excess_bytes)
