@@ -537,14 +537,14 @@ def StepEvents(
         return []
     first = min(makers, key=lambda a: (sim.start[a], a))
     held = {BACKWARD: spaces.backward, BACKWARD_INPUT: spaces.input, BACKWARD_WEIGHT: spaces.weight}
+    others = _OtherDevices(sim, stage, stage_devices)
     events = []
     for a in backs:
         bytes_ = spaces.first if a == first and a.kind != BACKWARD_WEIGHT else held[a.kind]
-        if (
-            a.kind == BACKWARD
-            and spaces.backward_alone is not None
-            and _Alone(sim, a, stage_devices)
-        ):
+        alone = others is not None and not any(
+            s < sim.end[a] and e > sim.start[a] for s, e in others
+        )  # fmt: skip
+        if a.kind == BACKWARD and spaces.backward_alone is not None and alone:
             bytes_ = spaces.first_alone if a == first else spaces.backward_alone
         events += [(sim.start[a], bytes_), (sim.end[a], -bytes_)]
     whole = sim.start[first] if first.kind == BACKWARD_WEIGHT else sim.end[first]
@@ -552,15 +552,15 @@ def StepEvents(
     return events + ([(sim.makespan, update)] if update else [])
 
 
-def _Alone(sim: Any, a: Action, stage_devices: Sequence[int] | None) -> bool:
-    """Whether no other device's action runs while `a` does (unknown devices: no)."""
+def _OtherDevices(
+    sim: Any, stage: int, stage_devices: Sequence[int] | None
+) -> list[tuple[float, float]] | None:
+    """(start, end) of every action on a device other than `stage`'s; None where the
+    devices are not known (every B then counts as loaded)."""
     if stage_devices is None:
-        return False
-    mine = stage_devices[a.stage]
-    return not any(
-        stage_devices[b.stage] != mine and sim.start[b] < sim.end[a] and sim.end[b] > sim.start[a]
-        for b in sim.start
-    )
+        return None
+    mine = stage_devices[stage]
+    return [(sim.start[b], sim.end[b]) for b in sim.start if stage_devices[b.stage] != mine]
 
 
 def HostMemory(per_device: Sequence[Sequence[StageMemory]]) -> int:
