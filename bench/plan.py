@@ -79,9 +79,13 @@ def Model(name: str):
     from lingpipe.layers import gpipe
     from lingpipe.nested_map import NestedMap
 
-    if name == "lm32k":
+    if name in ("lm32k", "lm32k_deep"):
         p = model_registry.GetParams("lm.TransformerLmTiny", "Train")
         p.vocab_size = 32768  # the embedding and softmax dominate
+        if name == "lm32k_deep":
+            # 12 layers of a 4x wider feed-forward: the layers weigh about as much as
+            # the softmax, so where a stage's cut falls decides the step (bench/pairs.py).
+            p.num_layers, p.hidden_dims = 12, 1024
         pipe_p = p.cls.PipelineParams(p)
         shape = pipe_p.input_shapes[0].ids.as_list()
         ids = tf.random.stateless_uniform(shape, [1, 2], 0, 256, dtype=tf.int32)

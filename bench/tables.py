@@ -130,6 +130,17 @@ TITLES: dict[str, tuple[str, str, str]] = {
         "--schedules=gpipe,1f1b,zero_bubble --remats=never,always --no_plan100 "
         "--out=bench/results/plan_replay.json --against=bench/results/plan.json",
     ),
+    "pairs": (
+        "Pairs timed in turn",
+        "Two configurations built side by side and timed in turn (bench/pairs.py): "
+        "`ratio` is second / first, the median over the rounds, `ratio_min` and "
+        "`ratio_max` its spread; `predicted_ratio` the planner's. `pick` rows: the "
+        "planner's pick (first) against the best configuration that the grid measured "
+        "under the same cap (second), `pick_vs_best` how much slower the pick ran. "
+        "`partition` rows: the cost-based cut (first) against the uniform one (second), "
+        "1F1B, remat never.",
+        "python bench/pairs.py",
+    ),
     "gpu": ("GPU evidence", "See the GPU evidence section above.", "python bench/gpu.py"),
     "gpu_speed": ("GPU evidence", "", "python bench/gpu.py --sections=speed,precision"),
 }
@@ -144,6 +155,10 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 COLUMNS["plan_replay"] = COLUMNS["plan"]
+COLUMNS["pairs"] = (
+    "pair", "model", "M", "cap_mib", "first", "second", "predicted_ratio", "ratio",
+    "ratio_min", "ratio_max", "pick_vs_best", "first_s", "second_s", "error",
+)  # fmt: skip
 # Files with a page of their own, written by their script from the same JSON.
 ELSEWHERE = {
     "keras_conformance": "docs/keras_conformance.md (python bench/keras_conformance.py)",
