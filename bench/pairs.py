@@ -118,7 +118,7 @@ def PartitionChild(model: str) -> list:
         flops=tuple(float(m.flops) / batch for m in metas),
         out_bytes=tuple(costs_lib.ShapeBytes(m.out_shapes) // batch for m in metas),
         weight_bytes=tuple(4 * int(m.num_params) for m in metas),
-        times=cell_times.Profile(pipe_p, pipe_p.cell_tpl, specs, sizes),
+        times=cell_times.Profile(pipe_p, pipe_p.cell_tpl, specs, sizes, partner=plan.DEVICES[1]),
     )
     rates = planner.MeasureRates(plan.DEVICES[0])
     cuts = dict(planner.Partitions(costs, 2))

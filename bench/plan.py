@@ -339,7 +339,9 @@ def Child(model: str, cfg: dict, steps: int) -> dict:
     sizes = sorted({batch // 2 // max(cfg["micro_batches"]), batch // min(cfg["micro_batches"])})
 
     def Probe():
-        times = cell_times.Profile(pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes), sizes)
+        times = cell_times.Profile(
+            pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes), sizes, partner=DEVICES[1]
+        )
         costs = planner.ModelCosts(
             flops=tuple(float(m.flops) / batch for m in metas),
             out_bytes=tuple(costs_lib.ShapeBytes(m.out_shapes) // batch for m in metas),
@@ -426,7 +428,7 @@ def MedianProbe(probes: list) -> tuple:
             for i in range(size)
         )
 
-    fields = ("forward", "backward_input", "backward_weight", "backward")
+    fields = ("forward", "backward_input", "backward_weight", "backward", "backward_together")
     profiled = dataclasses.replace(times[0], **{f: Lines(f) for f in fields})
     return median, dataclasses.replace(probes[0][1], times=profiled)
 

@@ -141,7 +141,10 @@ class RegisteredModel:
         from lingpipe.pipeline.planning import cell_times
 
         pipe_p = self._PipelineParams(self.global_batch)
-        times = cell_times.Profile(pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes), sizes)
+        times = cell_times.Profile(
+            pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes), sizes,
+            partner=cell_times.Partner(),
+        )  # fmt: skip
         return dataclasses.replace(flop_costs, times=times)
 
     def TrainStep(self, c: Any, batch: int) -> tuple[Any, Any]:

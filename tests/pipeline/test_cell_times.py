@@ -73,3 +73,48 @@ def test_cells_alike_are_profiled_once_and_each_keeps_its_line(monkeypatch):
     times = cell_times.Profile(parent, cells, (tf.TensorSpec([8, 8]),), sizes=(2, 4), repeats=1)
     assert timed == [(2, 8), (4, 8), (2, 8), (4, 8)]  # per size: the first cell, the wide one
     assert len(times.forward) == 3 and times.forward[0] == times.forward[1]
+
+
+def test_b_together_runs_a_copy_on_each_device_each_reading_its_own_weights(monkeypatch):
+    placed = []
+
+    def Unit(name):
+        w = tf.Variable(tf.ones([4, 4]), name=name)
+
+        def Run(x):
+            y = tf.matmul(x, w)
+            placed.append((name, y.device, w.device))
+            return y
+
+        return Run, [w]
+
+    with tf.device("/device:CPU:1"):
+        there, there_w = Unit("there")
+        x1 = tf.ones([2, 4])
+    here, here_w = Unit("here")
+    timed = []
+    monkeypatch.setattr(cell_times, "_Median", lambda fn, repeats: timed.append(fn()) or 0.001)
+    units = [(here, here_w, (tf.ones([2, 4]),), None), (there, there_w, (x1,), "/device:CPU:1")]
+    cell_times.TogetherSeconds(units, repeats=1)
+    # B and F, each once and as copies: four traced functions, each running both units.
+    assert len(timed) == 4
+    names = [name for name, _, _ in placed]
+    assert names.count("here") == names.count("there") == 2 * (1 + 4)
+    assert {d for n, d, _ in placed if n == "there"} == {"/device:CPU:1"}
+    assert {d for n, d, _ in placed if n == "here"} == {""}  # the default device
+    assert all("CPU:1" in w for n, _, w in placed if n == "there")
+    assert all("CPU:0" in w for n, _, w in placed if n == "here")
+
+
+def test_a_profile_with_a_partner_has_a_together_line_per_cell():
+    cells = [
+        linear.ProjectionLayer.Params().Set(name="a", input_dims=8, output_dims=8),
+        linear.ProjectionLayer.Params().Set(name="b", input_dims=8, output_dims=4),
+    ]
+    parent = gpipe.PipeliningLayer.Params().Set(name="pipe", cell_tpl=cells)
+    specs = (tf.TensorSpec([16, 8], tf.float32),)
+    times = cell_times.Profile(parent, cells, specs, (2, 8), repeats=1, partner="/device:CPU:1")
+    assert len(times.backward_together) == 2
+    assert all(a >= 0 and b >= 0 for a, b in times.backward_together)
+    alone = cell_times.Profile(parent, cells, specs, (2, 8), repeats=1)
+    assert alone.backward_together == () and alone.BackwardTogether([0], 4) is None

@@ -255,6 +255,25 @@ def test_a_backward_alone_on_its_device_takes_its_profiled_time_and_contended_i_
     assert slow_b.BackwardAlone([0, 1], 1) == pytest.approx(4.0)
 
 
+def test_a_backward_beside_another_device_takes_its_measured_together_time_not_i_plus_w():
+    # I and W each start from the outputs' gradient, which a B makes once: measured
+    # beside another device computing, both gradients take 2.5 s per cell, not I + W = 2
+    # x 2 s (the contention's 2x is in the reading: it is not applied again).
+    times = dataclasses.replace(ONE_SECOND, backward_together=((2.5, 0.0),) * 2)
+    costs = dataclasses.replace(TWO_CELLS, times=times)
+    rates = planner.Rates(1.0, action_s=0.0, bytes_per_s=1e30, latency_s=0.0, contention=2.0)
+    pair = planner.Candidate(2, 1, 1, "gpipe", 1, "never", (2,))
+    # Two replicas: F 2 x 1 s x 2 (contended), B 2 x 2.5 s.
+    assert planner.PredictSeconds(pair, costs, rates, 2) == pytest.approx(4.0 + 5.0, rel=1e-6)
+    assert planner.PredictSeconds(pair, TWO_CELLS, rates, 2) == pytest.approx(4.0 + 8.0, rel=1e-6)
+    # A device alone still takes its profiled B (here I + W: no 'backward' lines).
+    chain = planner.Candidate(1, 2, 1, "gpipe", 1, "never", (1, 1))
+    assert planner.PredictSeconds(chain, costs, rates, 2) == pytest.approx(6.0)
+    # A calibration's scale scales the together lines too.
+    assert times.Scaled(2.0).BackwardTogether([0, 1], 1) == pytest.approx(10.0)
+    assert ONE_SECOND.BackwardTogether([0], 1) is None
+
+
 def test_contention_is_the_least_reading_as_a_slowed_period_only_raises_one(monkeypatch):
     # Readings of together / alone: 1.9 (the host's cores slowed for a while), 1.0,
     # 1.9. The least is the machine's.

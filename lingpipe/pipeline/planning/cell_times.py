@@ -18,6 +18,13 @@ cost_model.MeasureActionSeconds). I is the second kind less F, W the third less 
 `repeats` (as a step's time is measured), after a warm-up; a kind that takes LONG_S or
 more once is timed once (the call is under 1% of it). Per kind and cell a line
 `fixed + per_example * n` through the sizes (cost_model.FitLine).
+
+With `partner` (a second device, Partner()), each cell is also built there and B is
+timed once more with both copies running it at once, each on its device, less F run
+the same way (CellTimes.backward_together): what a B costs while another device
+computes too. It is not I + W: both gradients start from the same gradient of the
+outputs, which one B makes once (a 32k softmax's B together measured 19 ms where I + W
+came to 35 ms), and the host's threads are shared.
 """
 
 from __future__ import annotations
@@ -36,8 +43,10 @@ from lingpipe.pipeline.step import micro_batch
 __all__ = [
     "Dense",
     "Lines",
+    "Partner",
     "Profile",
     "Resized",
+    "TogetherSeconds",
     "UnitSeconds",
 ]
 
@@ -104,61 +113,88 @@ def UnitSeconds(
     difference over copies - 1 is one run without the call, its arguments and its
     results (those are the action's, cost_model.MeasureActionSeconds). A kind that
     takes LONG_S or more once is that once."""
-    weights = list(weights)
     out = run(*args)
-
-    def Once(kind: str, inputs: tuple) -> list:
-        flat = [t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
-        with tf.GradientTape() as tape:
-            tape.watch(flat)
-            y = run(*inputs)
-        ys = [o for o in tf.nest.flatten(y) if o.dtype.is_floating]
-        if kind == "F" or not ys:
-            return tf.nest.flatten(y)
-        picked = {"I": flat, "W": weights, "B": flat + weights}[kind]
-        dys = [tf.ones_like(o) for o in ys]
-        grads = tape.gradient(ys, picked, output_gradients=dys) if picked else []
-        return Dense([g for g in grads if g is not None]) or tf.nest.flatten(y)
-
-    def Timed(kind: str) -> float:
-        def Run(n: int) -> Callable[[], Any]:
-            @tf.function(autograph=False)
-            def Fn(*inputs: Any) -> Any:
-                results: list = []
-                kept: list = []
-                for _ in range(n):
-                    with tf.control_dependencies(results):
-                        xs = tf.nest.map_structure(tf.identity, inputs)
-                    results = Once(kind, xs)
-                    kept.extend(results)
-                return _Scalar(kept)
-
-            return lambda: Fn(*args)
-
-        one = _Median(Run(1), repeats)
-        if one >= LONG_S:
-            return one  # a call's own cost is under 1% of it: no copies needed
-        many = _Median(Run(copies), repeats)
-        return max(0.0, (many - one) / (copies - 1))
-
+    units = [(run, list(weights), args, None)]
     has_floats = any(t.dtype.is_floating for t in tf.nest.flatten(args))
-    t_f = Timed("F")
-    t_i = Timed("I") if has_floats else t_f
-    t_w = Timed("W") if weights else t_f
-    t_b = Timed("B") if has_floats and weights else t_f + (t_i - t_f) + (t_w - t_f)
+    t_f = _Timed(units, "F", repeats, copies)
+    t_i = _Timed(units, "I", repeats, copies) if has_floats else t_f
+    t_w = _Timed(units, "W", repeats, copies) if weights else t_f
+    t_b = _Timed(units, "B", repeats, copies) if has_floats and weights else t_i + t_w - t_f
     return (t_f, max(0.0, t_i - t_f), max(0.0, t_w - t_f), max(0.0, t_b - t_f)), out
 
 
-def Lines(sizes: Sequence[int], measured: Sequence[Sequence[tuple]]) -> cost_model.CellTimes:
-    """CellTimes from UnitSeconds per unit and per size of `sizes`: per kind and unit a
-    line `fixed + per_example * n` (cost_model.FitLine)."""
+def TogetherSeconds(units: Sequence[tuple], repeats: int, copies: int = 4) -> float:
+    """Seconds of a unit's both gradients (B) while each of `units`, (run, weights, args,
+    device): copies of one unit, each with its own weights and inputs on its device,
+    runs it at once (module doc): B so less F so, timed as UnitSeconds times a kind."""
+    return max(0.0, _Timed(units, "B", repeats, copies) - _Timed(units, "F", repeats, copies))
+
+
+def _Once(run: Callable[..., Any], weights: list, kind: str, inputs: tuple) -> list:
+    """`kind` of the unit `run` once on `inputs`: its outputs (F) or its gradients."""
+    flat = [t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
+    with tf.GradientTape() as tape:
+        tape.watch(flat)
+        y = run(*inputs)
+    ys = [o for o in tf.nest.flatten(y) if o.dtype.is_floating]
+    if kind == "F" or not ys:
+        return tf.nest.flatten(y)
+    picked = {"I": flat, "W": weights, "B": flat + weights}[kind]
+    dys = [tf.ones_like(o) for o in ys]
+    grads = tape.gradient(ys, picked, output_gradients=dys) if picked else []
+    return Dense([g for g in grads if g is not None]) or tf.nest.flatten(y)
+
+
+def _Timed(units: Sequence[tuple], kind: str, repeats: int, copies: int) -> float:
+    """Seconds of `kind` run by every unit (run, weights, args, device or None) at once,
+    as it runs inside a step (UnitSeconds)."""
+
+    def Run(n: int) -> Callable[[], Any]:
+        @tf.function(autograph=False)
+        def Fn(*all_args: Any) -> Any:
+            kept: list = []
+            for (run, weights, _, device), inputs in zip(units, all_args):
+                with tf.device(device):
+                    results: list = []
+                    for _ in range(n):
+                        with tf.control_dependencies(results):
+                            xs = tf.nest.map_structure(tf.identity, inputs)
+                        results = _Once(run, weights, kind, xs)
+                        kept.extend(results)
+            return _Scalar(kept)
+
+        return lambda: Fn(*[args for _, _, args, _ in units])
+
+    one = _Median(Run(1), repeats)
+    if one >= LONG_S:
+        return one  # a call's own cost is under 1% of it: no copies needed
+    many = _Median(Run(copies), repeats)
+    return max(0.0, (many - one) / (copies - 1))
+
+
+def Partner() -> str | None:
+    """A second device of this process's kind (accelerators first) for
+    backward_together, None where there is one device."""
+    devices = tf.config.list_logical_devices("GPU") + tf.config.list_logical_devices("TPU")
+    devices = devices or tf.config.list_logical_devices("CPU")
+    return devices[1].name if len(devices) > 1 else None
+
+
+def Lines(
+    sizes: Sequence[int],
+    measured: Sequence[Sequence[tuple]],
+    together: Sequence[Sequence[float]] | None = None,
+) -> cost_model.CellTimes:
+    """CellTimes from UnitSeconds per unit and per size of `sizes` (and TogetherSeconds,
+    if given): per kind and unit a line `fixed + per_example * n` (cost_model.FitLine)."""
     kinds = [
         tuple(cost_model.FitLine(sizes, [m[kind] for m in per_size]) for per_size in measured)
         for kind in range(4)
     ]
     forward, backward_input, backward_weight, backward = kinds
+    both = tuple(cost_model.FitLine(sizes, list(t)) for t in together or ())
     return cost_model.CellTimes(
-        forward, backward_input, backward_weight, source="profile", backward=backward
+        forward, backward_input, backward_weight, "profile", backward, backward_together=both
     )
 
 
@@ -169,16 +205,18 @@ def Profile(
     sizes: Sequence[int],
     batch_dim: int = 0,
     repeats: int = 5,
+    partner: str | None = None,
 ) -> cost_model.CellTimes:
     """The cells' times (module doc); `input_specs`, the first cell's inputs for any batch
-    (tf.TensorSpecs, NestedMaps of them, or shapes), are cut to each size of `sizes`."""
+    (tf.TensorSpecs, NestedMaps of them, or shapes), are cut to each size of `sizes`;
+    with `partner`, B together with a copy on that device too."""
     sizes = list(sizes)
     args = {
         n: tuple(costs._SampleInput(s) for s in Resized(input_specs, n, batch_dim))  # noqa: SLF001
         for n in sizes
     }
-    measured = []  # per cell, (F, I, W, B) per size
-    done: dict = {}  # (the cell's params, its inputs' shapes): (its per_size, its outputs)
+    measured, together = [], []  # per cell, (F, I, W, B) per size; B together per size
+    done: dict = {}  # (the cell's params, its inputs' shapes): (per_size, outputs, together)
     for i, p in enumerate(cell_params):
         p = base_layer.BaseLayer.CopyBaseParams(parent_p, p.Copy())
         key = (p.ToText(), repr([_Shapes(args[n]) for n in sizes]))
@@ -195,12 +233,35 @@ def Profile(
                 )
                 per_size.append(seconds)
                 outs[n] = costs.AsArgs(out)
-            done[key] = (per_size, outs)
+            both = _Together(p, cell, args, sizes, repeats, partner) if partner else []
+            done[key] = (per_size, outs, both)
             del cell
-        per_size, outs = done[key]
+        per_size, outs, both = done[key]
         measured.append(per_size)
+        together.append(both)
         args.update(outs)
-    return Lines(sizes, measured)
+    return Lines(sizes, measured, together if partner else None)
+
+
+def _Together(
+    p: hyperparams.Params, cell: Any, args: dict, sizes: Sequence[int], repeats: int, partner: str
+) -> list[float]:
+    """Per size, TogetherSeconds of `cell` and a copy of it built on `partner`."""
+    with tf.device(partner):
+        twin = p.Copy().Set(name=f"{p.name}_partner").Instantiate()
+        there = {n: tf.nest.map_structure(tf.identity, args[n]) for n in sizes}
+    out = []
+    for n in sizes:
+        units = [
+            (_FProp(cell), list(cell.trainable_variables), args[n], None),
+            (_FProp(twin), list(twin.trainable_variables), there[n], partner),
+        ]
+        out.append(TogetherSeconds(units, repeats))
+    return out
+
+
+def _FProp(cell: Any) -> Callable[..., Any]:
+    return lambda *a: cell.FProp(cell.theta, *a)
 
 
 def _Shapes(args: tuple) -> Any:

@@ -22,7 +22,9 @@ An action then costs (`ActionCosts`):
     executor adds every micro-batch's, lingpipe.pipeline.step.gradient_sums: the stage's
     weight bytes at a measured rate per byte) + one action;
   B s m: I and W in one action (one fixed cost); on a device that no other contends
-    with, as long as both gradients take together (CellTimes.BackwardAlone).
+    with, as long as both gradients take together (CellTimes.BackwardAlone); beside
+    another device computing, as measured so (CellTimes.BackwardTogether, which holds
+    the contention), else I + W.
 Every time but the fixed cost and the transfers is multiplied by `contention`: how much
 slower a device computes while the other devices compute too (logical devices sharing
 a host's cores; 1 where each device has its own), measured by planner.MeasureRates.
@@ -82,6 +84,8 @@ class CellTimes:
       backward: one line per cell for both gradients in one action on a device that
         no other device contends with, where that is faster than the two apart (a
         CPU's threads run the two gradients' independent ops at once); empty: I + W.
+      backward_together: one line per cell for both gradients in one action while
+        another device computes too (cell_times.TogetherSeconds); empty: I + W.
     """
 
     forward: tuple[Line, ...]
@@ -89,6 +93,7 @@ class CellTimes:
     backward_weight: tuple[Line, ...]
     source: str = "profile"
     backward: tuple[Line, ...] = ()
+    backward_together: tuple[Line, ...] = ()
 
     def Seconds(self, kind: str, cells: Sequence[int], n: float) -> float:
         """Seconds of `kind` (F, I, W, or B = I + W) over `cells` for n examples."""
@@ -109,6 +114,14 @@ class CellTimes:
             return apart
         return min(apart, sum(self.backward[c][0] + self.backward[c][1] * n for c in cells))
 
+    def BackwardTogether(self, cells: Sequence[int], n: float) -> float | None:
+        """Seconds of both gradients in one action while another device computes:
+        the `backward_together` lines; None where there are none (then I + W, each
+        times the contention)."""
+        if not self.backward_together:
+            return None
+        return sum(self.backward_together[c][0] + self.backward_together[c][1] * n for c in cells)
+
     def Scaled(self, factor: float) -> CellTimes:
         """Every time times `factor` (a calibration's device scale)."""
 
@@ -121,6 +134,7 @@ class CellTimes:
             Scale(self.backward_weight),
             self.source,
             Scale(self.backward),
+            Scale(self.backward_together),
         )
 
 
@@ -186,7 +200,10 @@ def ActionCosts(
     for s, (lo, hi) in enumerate(bounds):
         cells = range(lo, hi)
         f, i, w = (contention * times.Seconds(k, cells, micro_batch) for k in "FIW")
-        both = i + w if contended else contention * times.BackwardAlone(cells, micro_batch)
+        both = contention * times.BackwardAlone(cells, micro_batch)
+        if contended:
+            together = times.BackwardTogether(cells, micro_batch)
+            both = i + w if together is None else together
         summed = contention * (sum_s[s] if sum_s is not None else 0.0)
         w += summed
         move_in = move_back = 0.0
