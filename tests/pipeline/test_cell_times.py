@@ -16,7 +16,7 @@ def test_an_embedding_s_gradient_is_timed_dense_as_the_executor_sums_it():
     assert plain.numpy().tolist() == [1.0] * 3
 
 
-def test_the_profile_has_a_line_per_cell_and_kind():
+def test_the_profile_has_a_line_per_cell_and_kind_and_with_a_partner_b_together():
     cells = [
         embedding.EmbeddingLayer.Params().Set(name="emb", vocab_size=64, embedding_dim=8),
         linear.ProjectionLayer.Params().Set(name="proj", input_dims=8, output_dims=8),
@@ -27,6 +27,10 @@ def test_the_profile_has_a_line_per_cell_and_kind():
     assert times.source == "profile"
     for lines in (times.forward, times.backward_input, times.backward_weight):
         assert len(lines) == 2 and all(a >= 0 and b >= 0 for a, b in lines)
+    assert times.backward_together == () and times.BackwardTogether([0], 4) is None
+    paired = cell_times.Profile(parent, cells, specs, (2, 8), repeats=1, partner="/device:CPU:1")
+    assert len(paired.backward_together) == 2
+    assert all(a >= 0 and b >= 0 for a, b in paired.backward_together)
 
 
 def test_a_long_kind_is_timed_once_and_a_short_one_as_copies_less_one(monkeypatch):
@@ -104,17 +108,3 @@ def test_b_together_runs_a_copy_on_each_device_each_reading_its_own_weights(monk
     assert {d for n, d, _ in placed if n == "here"} == {""}  # the default device
     assert all("CPU:1" in w for n, _, w in placed if n == "there")
     assert all("CPU:0" in w for n, _, w in placed if n == "here")
-
-
-def test_a_profile_with_a_partner_has_a_together_line_per_cell():
-    cells = [
-        linear.ProjectionLayer.Params().Set(name="a", input_dims=8, output_dims=8),
-        linear.ProjectionLayer.Params().Set(name="b", input_dims=8, output_dims=4),
-    ]
-    parent = gpipe.PipeliningLayer.Params().Set(name="pipe", cell_tpl=cells)
-    specs = (tf.TensorSpec([16, 8], tf.float32),)
-    times = cell_times.Profile(parent, cells, specs, (2, 8), repeats=1, partner="/device:CPU:1")
-    assert len(times.backward_together) == 2
-    assert all(a >= 0 and b >= 0 for a, b in times.backward_together)
-    alone = cell_times.Profile(parent, cells, specs, (2, 8), repeats=1)
-    assert alone.backward_together == () and alone.BackwardTogether([0], 4) is None
