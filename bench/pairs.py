@@ -106,20 +106,15 @@ def PartitionChild(model: str) -> list:
     import tensorflow as tf
 
     from bench import plan
-    from lingpipe.pipeline.planning import cell_times, planner
     from lingpipe.pipeline.planning import costs as costs_lib
+    from lingpipe.pipeline.planning import planner
 
     pipe_p, inputs, loss_fn = plan.Model(model)
     batch = tf.nest.flatten(inputs)[0].shape[0]
     specs = tuple(pipe_p.input_shapes)
     metas = costs_lib.CellMetas(pipe_p, pipe_p.cell_tpl, specs)
     sizes = sorted({batch // max(PARTITION_M), batch // min(PARTITION_M)})
-    costs = planner.ModelCosts(
-        flops=tuple(float(m.flops) / batch for m in metas),
-        out_bytes=tuple(costs_lib.ShapeBytes(m.out_shapes) // batch for m in metas),
-        weight_bytes=tuple(4 * int(m.num_params) for m in metas),
-        times=cell_times.Profile(pipe_p, pipe_p.cell_tpl, specs, sizes, partner=plan.DEVICES[1]),
-    )
+    costs = plan.ProfiledCosts(pipe_p, metas, batch, sizes)
     rates = planner.MeasureRates(plan.DEVICES[0])
     cuts = dict(planner.Partitions(costs, 2))
     flops_share = max(m.flops for m in metas) / sum(m.flops for m in metas)

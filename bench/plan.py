@@ -324,14 +324,30 @@ def Calibrate(pipe_p, inputs, loss_fn, costs, rates, c, batch):
     return calibrate.FitProbes(probes)
 
 
+def ProfiledCosts(pipe_p, metas, batch: int, sizes: list):
+    """planner.ModelCosts per example of the cells (`metas`, costs.CellMetas), their
+    times profiled at `sizes` with B together on the second device."""
+    from lingpipe.pipeline.planning import cell_times, planner
+    from lingpipe.pipeline.planning import costs as costs_lib
+
+    return planner.ModelCosts(
+        flops=tuple(float(m.flops) / batch for m in metas),
+        out_bytes=tuple(costs_lib.ShapeBytes(m.out_shapes) // batch for m in metas),
+        weight_bytes=tuple(4 * int(m.num_params) for m in metas),
+        times=cell_times.Profile(
+            pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes), sizes, partner=DEVICES[1]
+        ),
+    )
+
+
 def Child(model: str, cfg: dict, steps: int) -> dict:
     common.Setup(2, intra_op=1, inter_op=2)
     import dataclasses
 
     import tensorflow as tf
 
-    from lingpipe.pipeline.planning import cell_times, planner
     from lingpipe.pipeline.planning import costs as costs_lib
+    from lingpipe.pipeline.planning import planner
 
     pipe_p, inputs, loss_fn = Model(model)
     batch = tf.nest.flatten(inputs)[0].shape[0]
@@ -339,16 +355,7 @@ def Child(model: str, cfg: dict, steps: int) -> dict:
     sizes = sorted({batch // 2 // max(cfg["micro_batches"]), batch // min(cfg["micro_batches"])})
 
     def Probe():
-        times = cell_times.Profile(
-            pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes), sizes, partner=DEVICES[1]
-        )
-        costs = planner.ModelCosts(
-            flops=tuple(float(m.flops) / batch for m in metas),
-            out_bytes=tuple(costs_lib.ShapeBytes(m.out_shapes) // batch for m in metas),
-            weight_bytes=tuple(4 * int(m.num_params) for m in metas),
-            times=times,
-        )
-        return planner.MeasureRates(DEVICES[0]), costs
+        return planner.MeasureRates(DEVICES[0]), ProfiledCosts(pipe_p, metas, batch, sizes)
 
     start = time.perf_counter()
     probes = [Probe()]
