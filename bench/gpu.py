@@ -17,8 +17,9 @@ Sections (bench/README.md, "GPU evidence", says more):
   speed      the plain stack against gpipe, 1f1b, zero_bubble and zbv over 4 logical
              GPUs, side by side in one process.
   precision  bfloat16 with XLA (per stage) against float32, side by side in one process.
-  planner    lingpipe.plan's predicted against measured; skipped while the module
-             does not exist.
+  planner    lingpipe's plan on 2 logical GPUs with a memory cap each (bench/gpu_plan.py):
+             its pick and runners-up trained in turn, each one's step time and each
+             device's peak against the prediction.
 
 Each part runs in a process of its own (an out-of-memory is a data point, not the end)
 within a time budget (BUDGETS): a part still running at its budget is stopped and
@@ -30,28 +31,24 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
-import json
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import budget, capacity, common, gpu_parts, gpu_report  # noqa: E402
+from bench import budget, capacity, common, gpu_parts, gpu_plan, gpu_report  # noqa: E402
 
 SECTIONS = ("capacity", "memory", "speed", "precision", "planner")
-RUN_ORDER = ("memory", "speed", "precision", "planner", "capacity")
+RUN_ORDER = ("memory", "planner", "precision", "speed", "capacity")
 # Seconds, from the start of the run: the whole run, and each part's most (capacity: the
 # rest). Set from the first run on an H100 (bench/README.md): a pipelined configuration's
 # first two steps take 25-30 s there, building its graph, and 90 s ran two of five.
 TOTAL_S = {"gpu": 540, "smoke": 300}
 BUDGETS = {
-    "gpu": dict(machine=30, memory=60, speed=170, precision=120, planner=60),
+    "gpu": dict(machine=30, memory=60, speed=170, precision=120, planner=150),
     # Caps for a loaded machine; the smoke run takes under a minute on 2 idle cores.
-    "smoke": dict(machine=45, memory=75, speed=75, precision=75, planner=30),
+    "smoke": dict(machine=45, memory=75, speed=75, precision=75, planner=60),
 }
-PLANNER = "lingpipe.plan"
 # GPU memory (MiB) a process needs beside its logical GPUs' limits (CUDA context, cuBLAS).
 CONTEXT_MIB = 1024
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -69,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedule", default="", help=argparse.SUPPRESS)
     ap.add_argument("--parallel", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--budget_s", type=float, default=600.0, help=argparse.SUPPRESS)
-    ap.add_argument("--planner", default=PLANNER, help=argparse.SUPPRESS)
+    ap.add_argument("--total_s", type=float, default=0,
+                    help="the whole run's seconds (0: 540 on a GPU, 300 with --smoke)")  # fmt: skip
     args = ap.parse_args(argv)
     if args.child:
         return Child(args)
@@ -84,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not args.out.endswith(".json"):
         ap.error(f"expected --out to be a path ending in .json; received --out={args.out}")
+    if args.total_s < 0:
+        ap.error(f"expected --total_s to be seconds >= 0; received --total_s={args.total_s:g}")
     return Run(args, sections)
 
 
@@ -94,6 +94,7 @@ def Child(args: argparse.Namespace) -> int:
         "memory": lambda: gpu_parts.Memory(args.smoke, args.schedule),
         "speed": lambda: gpu_parts.Speed(args.smoke, args.budget_s),
         "precision": lambda: gpu_parts.Precision(args.smoke, args.budget_s),
+        "planner": lambda: gpu_plan.Planner(args.smoke, args.budget_s, gpu_parts.Setup),
     }
     parts[args.part]()
     return 0
@@ -102,13 +103,14 @@ def Child(args: argparse.Namespace) -> int:
 class Runner:
     """Starts the parts as children (gpu.py --child --part=...) within the run's clock."""
 
-    def __init__(self, smoke: bool) -> None:
+    def __init__(self, smoke: bool, total_s: float = 0) -> None:
         self.smoke = smoke
         self.mode = gpu_parts.Mode(smoke)
         self.start = time.monotonic()
         self.seconds: dict[str, float] = {}  # each part's wall time
         self.budgets: dict[str, float] = {}  # and the time it was given
-        self.end = self.start + TOTAL_S[self.mode]
+        self.total_s = total_s or TOTAL_S[self.mode]
+        self.end = self.start + self.total_s
         # Kernels that CUDA compiles from PTX (TensorFlow's wheel has no sm_90 code) stay in
         # its cache for the next child; its default size is too small to keep them all.
         self.env = dict(os.environ)
@@ -143,7 +145,7 @@ class Runner:
 
 
 def Run(args: argparse.Namespace, sections: list[str]) -> int:
-    runner = Runner(args.smoke)
+    runner = Runner(args.smoke, args.total_s)
     (machine_run,) = runner.Part("machine", [runner.Argv("machine")])
     machine = (machine_run.Of("machine") or [{}])[0]
     if not machine:
@@ -167,7 +169,7 @@ def Run(args: argparse.Namespace, sections: list[str]) -> int:
         "command": " ".join(command),
         "smoke": args.smoke,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "total_budget_s": TOTAL_S[runner.mode],
+        "total_budget_s": runner.total_s,
         "machine": dict(machine, seconds=machine_run.seconds),
         "sections": {},
     }
@@ -176,7 +178,7 @@ def Run(args: argparse.Namespace, sections: list[str]) -> int:
         "memory": lambda: Memory(runner, machine),
         "speed": lambda: Timed(runner, "speed"),
         "precision": lambda: Timed(runner, "precision"),
-        "planner": lambda: Planner(runner, args.planner),
+        "planner": lambda: Planner(runner),
     }
     done = {}
     for name in RUN_ORDER:
@@ -251,36 +253,18 @@ def Timed(runner: Runner, part: str) -> dict:
     return Section(runner, part, [outcome], rows, **fields)
 
 
-def Planner(runner: Runner, module: str) -> dict:
-    """The planner's predicted against measured, once `module` exists (its JSON as it
-    writes it); until then a one-line reason."""
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        found = False
-    if not found:
-        return {
-            "skipped": f"{module} does not exist yet (DESIGN.md's python -m {module}); "
-            "this section runs once it does",
-            "seconds": 0.0,
-        }
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "plan.json")
-        model, devices, size = ("lm.TransformerLmTiny", 2, "64MiB") if runner.smoke else (
-            "lm.TransformerLmGPipe", 8, "2GiB")  # fmt: skip
-        flags = [f"--model={model}", f"--devices={devices}", f"--memory_per_device={size}"]
-        if not runner.smoke:  # --verify trains with the trainer: seconds CI need not spend
-            flags.append("--verify=2")
-        else:  # the search's code path without profiling every cell on CPU first
-            flags.append("--costs=flops")
-        argv = [sys.executable, "-m", module, *flags, f"--json={path}"]
-        (outcome,) = runner.Part("planner", [argv])
-        plan = None
-        if os.path.exists(path):
-            with open(path) as f:
-                plan = json.load(f)
-    rows = [] if plan is None else [{"plan": plan}]
-    return Section(runner, "planner", [outcome], rows, command=" ".join(["python", *argv[1:-1]]))
+def Planner(runner: Runner) -> dict:
+    """The planner's plan on logical devices with a cap each, and its picks measured
+    there (bench/gpu_plan.py)."""
+    (outcome,) = runner.Part("planner", [runner.Argv("planner")])
+    cfg = gpu_plan.SIZES[runner.mode]
+    fields = dict(config=cfg, plan=(outcome.Of("plan") or [None])[0])
+    fields["note"] = (
+        "each row one device of a plan trained with the trainer's step: its predicted "
+        "and measured step (median) and peak"
+        + (" (one allocator on CPU: the total)" if runner.smoke else " (its own allocator)")
+    )
+    return Section(runner, "planner", [outcome], outcome.Of("row"), **fields)
 
 
 def Capacity(runner: Runner, machine: dict) -> dict:

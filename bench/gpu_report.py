@@ -25,7 +25,8 @@ COLUMNS = {
               "skipped"],
     "precision": ["config", "stages", "micro_batches", "precision", "xla", "ms", "vs_float32",
                   "oom", "skipped"],
-    "planner": ["plan"],
+    "planner": ["rank", "plan", "device", "predicted_ms", "measured_ms", "step_error",
+                "predicted_mib", "measured_mib", "est_over_measured", "oom"],
 }  # fmt: skip
 
 
@@ -103,6 +104,8 @@ def _SectionLines(name: str, section: dict[str, Any]) -> list[str]:
     out = []
     if section.get("note"):
         out += [section["note"] + ".", ""]
+    if section.get("plan"):
+        out += [_PlanLine(section["plan"]), ""]
     if "rows" in section:
         columns = [c for c in COLUMNS[name] if any(c in r for r in section["rows"])]
         out += _Table(section["rows"], columns)
@@ -118,6 +121,16 @@ def _SectionLines(name: str, section: dict[str, Any]) -> list[str]:
         f"\n{spent} of {section['budget_s']:.0f} s." if section.get("budget_s") else f"\n{spent}."
     )
     return out
+
+
+def _PlanLine(plan: dict[str, Any]) -> str:
+    return (
+        f"{plan['model']} on {plan['devices']} devices of {plan['cap_mib']} MiB, global batch "
+        f"{plan['global_batch']}; costs: {plan['costs']}. {plan['searched']} plans searched, "
+        f"{plan['refused']} refused; planned in {plan['plan_s']:.0f} s. Pick among pipelines "
+        f"over every device: {plan['pick']}; unrestricted pick: {plan['unrestricted_pick']} "
+        f"({plan['unrestricted_ms']:.3g} ms predicted)."
+    )
 
 
 def _Table(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:

@@ -1,17 +1,16 @@
 """bench/gpu.py: `--smoke` writes every section, each with its figures or a one-line
-reason; bad flags are refused in one line; the planner section runs a planner module
-once one exists."""
+reason; bad flags are refused in one line; the planner part plans, then trains its
+picks."""
 
 import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import tensorflow as tf
 
-from bench import gpu
+from bench import budget, gpu, gpu_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -62,9 +61,10 @@ def test_smoke_writes_every_section(tmp_path):
     assert precision["1f1b bfloat16 XLA"]["vs_float32"] == pytest.approx(
         precision["1f1b bfloat16 XLA"]["ms"] / precision["1f1b float32"]["ms"]
     )
-    # The planner: its plan (on a GPU also the top plans trained and timed, --verify).
-    (planned,) = sections["planner"]["rows"]
-    assert planned["plan"]["predicted"]["step_seconds"] > 0
+    # The planner: its plan, and its pick and runner-up trained and measured.
+    planner = sections["planner"]
+    assert planner["plan"]["pick"] == planner["rows"][0]["plan"]
+    assert [r["rank"] for r in planner["rows"]] == [0, 1]
     markdown = (tmp_path / "gpu.md").read_text()
     for title in gpu.gpu_report.TITLES.values():
         assert f"## {title}" in markdown
@@ -77,6 +77,7 @@ def test_smoke_writes_every_section(tmp_path):
         (["--sections=capacity,speeed"], "expected --sections from capacity, memory, speed, "
          "precision, planner; received --sections=capacity,speeed"),
         (["--out=gpu.txt"], "expected --out to be a path ending in .json; received --out=gpu.txt"),
+        (["--total_s=-1"], "expected --total_s to be seconds >= 0; received --total_s=-1"),
     ],
 )  # fmt: skip
 def test_bad_flags_are_refused_in_one_line(flags, expected, capsys):
@@ -86,30 +87,29 @@ def test_bad_flags_are_refused_in_one_line(flags, expected, capsys):
     assert capsys.readouterr().err.splitlines()[-1].endswith(expected)
 
 
-def test_the_planner_section_runs_a_planner_that_exists(tmp_path, monkeypatch):
-    (tmp_path / "fake_plan.py").write_text(
-        textwrap.dedent(
-            """
-            import argparse, json
-            ap = argparse.ArgumentParser()
-            for flag in ("model", "devices", "memory_per_device", "json", "verify", "costs"):
-                ap.add_argument("--" + flag)
-            args = ap.parse_args()
-            json.dump({"model": args.model, "predicted_ms": 1.0, "measured_ms": 1.1},
-                      open(args.json, "w"))
-            """
+def test_the_planner_part_plans_then_measures_its_picks_on_the_devices(capsys):
+    devices = ["/device:CPU:0", "/device:CPU:1"]
+    asked = []
+
+    def Setup(n, smoke, device_mib):
+        asked.append((n, smoke, device_mib))
+        return devices[:n]
+
+    gpu_plan.Planner(smoke=True, budget_s=600, setup=Setup)
+    assert asked == [(2, True, gpu_plan.SIZES["smoke"]["cap_mib"])]
+    lines = budget.JsonLines(capsys.readouterr().out)
+    (plan,) = [x for x in lines if x["kind"] == "plan"]
+    assert plan["pick"].startswith("R=1 x K=2") and plan["unrestricted_pick"]
+    rows = [x for x in lines if x["kind"] == "row"]
+    # The pick and the runner-up, each trained: one allocator on CPU, so one row each.
+    assert [r["rank"] for r in rows] == [0, 1] and rows[0]["plan"] == plan["pick"]
+    for r in rows:
+        assert r["device"] == "all CPU devices (one allocator)"
+        assert r["measured_ms"] > 0 and r["predicted_ms"] > 0
+        assert (
+            r["measured_mib"] > 0 and r["predicted_mib"] <= gpu_plan.SIZES["smoke"]["cap_mib"] * 2
         )
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    section = gpu.Planner(gpu.Runner(smoke=True), "fake_plan")
-    assert "errors" not in section, section
-    (row,) = section["rows"]
-    assert row["plan"] == {"model": "lm.TransformerLmTiny", "predicted_ms": 1.0, "measured_ms": 1.1}
-    assert section["command"].startswith("python -m fake_plan --model=lm.TransformerLmTiny")
-    assert gpu.Planner(gpu.Runner(smoke=True), "no_such_planner.plan")["skipped"].startswith(
-        "no_such_planner.plan does not exist yet"
-    )
+        assert r["step_error"] == pytest.approx(r["predicted_ms"] / r["measured_ms"] - 1)
 
 
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="a GPU is visible")
