@@ -639,9 +639,7 @@ def KerasChild(cfg: dict, steps: int) -> dict:
         )  # fmt: skip
 
     def Probe():
-        costs, note = keras_plan.PlanCosts(
-            graph, grid, batch, 2**40, "auto", DEVICES[0], partner=DEVICES[1]
-        )
+        costs, note = keras_plan.PlanCosts(graph, grid, batch, 2**40, "auto", DEVICES[0])
         return planner.MeasureRates(DEVICES[0]), costs, note
 
     start = time.perf_counter()

@@ -16,10 +16,8 @@ crossing a cut after it and its layer's weights are the planner's costs per unit
 (planner.ModelCosts), and graph_memory estimates each candidate's memory per device
 from the schedule. Each layer call's F, I, W and B times are profiled on this device
 at the smallest and largest micro-batch (lingpipe.keras.graph_times; calls alike are
-timed once), and with two devices or more B again beside a copy of the call on the
-second (what a B costs while another device computes), where the largest call can be
-profiled here, else FLOPs at the measured rate are its costs. Nothing is built per
-candidate.
+timed once) where the largest call can be profiled here, else FLOPs at the measured
+rate are its costs. Nothing is built per candidate.
 
 The Keras pipeline has no data parallelism of its own, so every plan has one replica;
 devices a plan leaves out (K < N) stay idle.
@@ -49,7 +47,7 @@ from lingpipe import plan as plan_lib
 from lingpipe.keras import graph as graph_lib
 from lingpipe.keras import graph_memory
 from lingpipe.pipeline.observe import update_memory
-from lingpipe.pipeline.planning import cell_times, partition, planner, report
+from lingpipe.pipeline.planning import partition, planner, report
 from lingpipe.pipeline.schedules import generators
 
 __all__ = [
@@ -242,12 +240,10 @@ def PlanCosts(
     source: str = "auto",
     device: str | None = None,
     flop_costs: planner.ModelCosts | None = None,
-    partner: str | None = None,
 ) -> tuple[planner.ModelCosts, str]:
     """(costs, a line saying which) for `source` (module doc): ModelCosts with each layer
     call's times profiled at the smallest and largest micro-batch of `candidates` on
-    `device` (default: where the model's weights are), B together with a copy on
-    `partner` where given (graph_times.Profile), or without (FLOPs at the rate):
+    `device` (default: where the model's weights are), or without (FLOPs at the rate):
     `flop_costs`, ModelCosts(graph) when not given."""
     _CheckCosts(source)
     flop_costs = flop_costs or ModelCosts(graph)
@@ -271,11 +267,9 @@ def PlanCosts(
     from lingpipe.keras import graph_times
 
     with tf.device(device) if device else contextlib.nullcontext():
-        times = graph_times.Profile(graph, sizes, partner=partner)
+        times = graph_times.Profile(graph, sizes)
     sizes_text = " and ".join(map(str, sizes))
     note = f"profiled per layer call here (F, I, W at micro-batches of {sizes_text})"
-    if partner:
-        note = f"{note[:-1]}; B together with a copy on {partner})"
     return dataclasses.replace(flop_costs, times=times), note
 
 
@@ -361,12 +355,9 @@ def Plan(
     result = planner.Search(flop_costs, rates, n, cap, batch_size, memory_fn, candidates)
     costs_note = ""
     if result.chosen is not None:
-        partner = None
-        if n > 1:  # where devices compute at once: B beside a copy on the second
-            partner = names[1] if names else cell_times.Partner()
         costs, costs_note = PlanCosts(
             graph, candidates, batch_size, cap, restrictions.get("costs", "auto"),
-            names[0] if names else None, flop_costs, partner,
+            names[0] if names else None, flop_costs,
         )  # fmt: skip
         if costs is not flop_costs:
             result = planner.Search(costs, rates, n, cap, batch_size, memory_fn, candidates)

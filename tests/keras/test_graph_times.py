@@ -3,7 +3,6 @@ B per micro-batch size), calls alike timed once, and Plan's choice between the p
 and FLOPs said on its screen, with bad input in one line."""
 
 import keras
-import numpy as np
 import pytest
 
 import lingpipe.keras as lpk
@@ -47,53 +46,12 @@ def test_calls_alike_are_timed_once_and_each_call_has_a_line_per_kind(monkeypatc
             assert fixed == pytest.approx(kind * 1e-3) and per_example == pytest.approx(kind * 1e-4)
 
 
-def test_b_together_times_each_call_beside_its_copy_on_the_partner(monkeypatch):
-    seen = []
-
-    def Together(units, repeats, copies=4):
-        (call, weights, args, _), (twin, twin_weights, there, device) = units
-        seen.append(device)
-        # The copy lives on the partner, holds the same weights and computes the same.
-        assert all("CPU:1" in v.device for v in [*twin_weights, *there])
-        assert all("CPU:1" not in v.device for v in weights)
-        for a, b in zip(weights, twin_weights):
-            np.testing.assert_array_equal(a.numpy(), b.numpy())
-        np.testing.assert_allclose(call(*args)[0], twin(*there)[0], rtol=1e-6)
-        return 2e-3
-
-    monkeypatch.setattr(cell_times, "TogetherSeconds", Together)
-    graph = graph_lib.Trace(_Model())
-    times = graph_times.Profile(graph, sizes=(2, 8), repeats=1, partner="/device:CPU:1")
-    assert seen == ["/device:CPU:1"] * 4  # two distinct calls, two sizes
-    assert times.backward_together == ((2e-3, 0.0),) * 3
-    assert times.BackwardTogether([0, 1, 2], 4) == pytest.approx(6e-3)
-    assert graph_times.Profile(graph, sizes=(2, 8), repeats=1).backward_together == ()
-
-
-class _NoConfig(keras.layers.Dense):
-    def get_config(self):
-        raise NotImplementedError("no config")
-
-
-def test_a_call_that_cannot_be_copied_is_costed_i_plus_w_beside_another_device(monkeypatch):
-    def Stub(run, weights, args, repeats, copies=4):
-        return (1e-3, 2e-3, 3e-3, 4e-3), run(*args)
-
-    monkeypatch.setattr(cell_times, "UnitSeconds", Stub)
-    x = keras.Input((16,))
-    graph = graph_lib.Trace(keras.Model(x, _NoConfig(4)(x)))
-    times = graph_times.Profile(graph, sizes=(2, 8), repeats=1, partner="/device:CPU:1")
-    # I + W: 2 + 3 ms, as without a partner.
-    assert times.BackwardTogether([0], 8) == pytest.approx(5e-3)
-
-
 def test_plan_profiles_where_it_can_and_says_which_costs_it_used(monkeypatch):
     model = _Model()
     kwargs = dict(devices=2, memory_per_device="1GiB", batch_size=16, rates=RATES)
     profiled = lpk.Plan(model, num_micro_batches=[2, 4], costs="profile", **kwargs)
     assert profiled.costs_note == (
-        "profiled per layer call here (F, I, W at micro-batches of 4 and 8; B together with "
-        "a copy on /device:CPU:1)"
+        "profiled per layer call here (F, I, W at micro-batches of 4 and 8)"
     )
     assert f"costs: {profiled.costs_note}" in str(profiled).splitlines()[0]
     assert profiled.chosen.step_seconds != lpk.Plan(model, costs="flops", **kwargs).step_seconds
