@@ -29,10 +29,11 @@ micro-batch any candidate runs (lingpipe.pipeline.planning.cell_times).
   --json=FILE   {"for": {"model", "devices", "global_batch", "memory_per_device"}, "plan":
                 {flag: value}, "predicted": {"step_seconds", "peak_bytes": [per device]},
                 "candidates": [...]}: what the trainer's --plan=FILE reads
-  --verify=N    trains the top N plans for a few steps, each in its own process, and
-                prints predicted against measured step time (also in the JSON's
-                "verify"). The measured time is the trainer's whole step (input and
-                optimizer included) from its steps/s log.
+  --verify=N    trains the top N plans for a few steps, each in its own process (the
+                trainer with --plan=FILE), and prints predicted against measured step
+                time: the median of the steps the trainer times against its plan
+                (plan_check.json), and each device's peak where each has an allocator
+                of its own (GPUs). Also in the JSON's "verify".
 
 Bad input (an unparseable SIZE, --devices=0, an unknown model, --calibrate=0,
 --costs=profile for a cell too big to profile) and a cap too small for every candidate
@@ -409,20 +410,46 @@ def Json(result: Any, model: RegisteredModel, num_devices: int, memory_per_devic
     }
 
 
-def Verify(model: str, plans: list, steps: int = 30) -> list[tuple[float, float]]:
-    """(predicted, measured) step seconds of each plan, each trained `steps` steps by the
-    trainer in its own process (the last logged steps/s)."""
+def Verify(made_for: dict, plans: list, steps: int = 12) -> list[tuple[float, dict | None]]:
+    """(predicted step seconds, the trainer's plan_check.json "measured" or None) of each
+    plan, each trained `steps` steps by the trainer in its own process with --plan=FILE:
+    the step times and peaks the trainer measures against its plan (runners/plan_flags:
+    up to 10 steps after the first), the same quantity as the prediction. `made_for`:
+    Json's "for"."""
     out = []
     for c in plans:
         with tempfile.TemporaryDirectory() as logdir:
-            cmd = [sys.executable, "-m", "lingpipe.trainer", f"--model={model}"]
-            cmd += [f"--logdir={logdir}", f"--max_steps={steps}", "--log_interval_steps=10"]
-            cmd += [f"--{k}={_FlagText(v)}" for k, v in c.Flags().items()]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-        rates = re.findall(r"([0-9.]+) steps/s", done.stderr + done.stdout)
-        measured = 1.0 / float(rates[-1]) if rates else float("nan")
+            path = os.path.join(logdir, "plan.json")
+            predicted = dict(step_seconds=c.step_seconds, peak_bytes=list(c.peak_bytes))
+            with open(path, "w") as f:
+                json.dump({"for": made_for, "plan": c.Flags(), "predicted": predicted}, f)
+            cmd = [sys.executable, "-m", "lingpipe.trainer", f"--model={made_for['model']}"]
+            cmd += [f"--logdir={logdir}", f"--max_steps={steps}", f"--plan={path}"]
+            subprocess.run(cmd, capture_output=True, text=True)
+            check = os.path.join(logdir, "plan_check.json")
+            measured = None
+            if os.path.exists(check):
+                with open(check) as f:
+                    measured = json.load(f).get("measured")
         out.append((c.step_seconds, measured))
     return out
+
+
+def _VerifyLine(predicted: float, measured: dict | None, c: Any) -> str:
+    """One plan's line of --verify: predicted against measured step, and each device's
+    peak where each has an allocator of its own."""
+    head = f"  {predicted * 1e3:8.1f} ms / "
+    if not measured:
+        return f"{head}(no plan_check.json: the trainer failed)  {c.Describe()}"
+    seconds = measured["step_seconds"]
+    head += f"{seconds * 1e3:8.1f} ms ({(predicted - seconds) / seconds * 100:+.0f}%)"
+    peaks = measured.get("peak_bytes") or []
+    own = not any("one allocator" in a for a in measured.get("allocators", []))
+    if own and len(peaks) == len(c.peak_bytes):
+        head += "  peaks " + ", ".join(
+            f"{_Mib(p)} / {_Mib(m)}" for p, m in zip(c.peak_bytes, peaks)
+        )
+    return f"{head}  {c.Describe()}"
 
 
 def _CalibrateSteps(text: str | None) -> int:
@@ -488,14 +515,14 @@ def main(argv: list[str] | None = None) -> int:
     written = Json(result, model, args.devices, cap)
     if args.verify:
         plans = [result.chosen, *result.runners_up][: args.verify]
-        print("verify: predicted / measured step time")
+        print("verify: predicted / measured step time (the trainer's plan_check.json)")
         written["verify"] = []
-        for c, (pred, meas) in zip(plans, Verify(args.model, plans)):
-            error = (pred - meas) / meas * 100 if meas == meas else float("nan")
-            print(f"  {pred * 1e3:8.1f} ms / {meas * 1e3:8.1f} ms ({error:+.0f}%)  {c.Describe()}")
+        for c, (pred, meas) in zip(plans, Verify(written["for"], plans)):
+            print(_VerifyLine(pred, meas, c))
             written["verify"].append(
-                dict(flags=c.Flags(), predicted_seconds=pred, measured_seconds=meas)
-            )
+                dict(flags=c.Flags(), predicted_seconds=pred, measured=meas,
+                     measured_seconds=meas["step_seconds"] if meas else None)
+            )  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump(written, f, indent=2)

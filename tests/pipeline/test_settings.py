@@ -94,6 +94,9 @@ def test_partition_and_remat_lists_from_text():
     [
         ("partition", "[2, 3]", [2, 3]),
         ("partition", "2,3", [2, 3]),
+        # One stage: what the planner writes for a plan without a pipeline (K=1).
+        ("partition", "4", [4]),
+        ("partition", "[4]", [4]),
         ("partition", "flops", "flops"),
         ("remat", "never", "never"),
         ("remat", "always,never", ["always", "never"]),

@@ -184,7 +184,8 @@ def DefineFlags(flags: Any, names: tuple[str, ...] = FLAGS) -> None:
 
 def FromText(name: str, text: str) -> Any:
     """A flag's text as setting `name`'s value: '2' for an int, 'never', '[2, 3]',
-    'always,never' (a list without brackets), 'gpipe' or a CSV path.
+    'always,never' (a list without brackets), '4' for a partition of one stage, 'gpipe'
+    or a CSV path.
 
     Raises:
       ValueError: a value the setting does not take (saying what it takes).
@@ -203,6 +204,8 @@ def FromText(name: str, text: str) -> Any:
             value = [x.strip().strip("'\"") for x in inner.split(",") if x.strip()]
         if isinstance(value, list) and s.kind == "partition":
             value = [int(x) if x.isdigit() else x for x in value]
+        elif s.kind == "partition" and text.isdigit():
+            value = [int(text)]  # one stage's count: a plan without a pipeline (K=1)
     if problem := Problem(name, value, shown=repr(text)):
         raise ValueError(f"--{name}={text}: {problem}")
     return value
