@@ -410,9 +410,10 @@ def Json(result: Any, model: RegisteredModel, num_devices: int, memory_per_devic
     }
 
 
-def Verify(made_for: dict, plans: list, steps: int = 12) -> list[tuple[float, dict | None]]:
-    """(predicted step seconds, the trainer's plan_check.json "measured" or None) of each
-    plan, each trained `steps` steps by the trainer in its own process with --plan=FILE:
+def Verify(made_for: dict, plans: list, steps: int = 12) -> list[tuple[float, dict | str]]:
+    """(predicted step seconds, the trainer's plan_check.json "measured", or where it
+    wrote none the last line it printed) of each plan, each trained `steps` steps by the
+    trainer in its own process with --plan=FILE:
     the step times and peaks the trainer measures against its plan (runners/plan_flags:
     up to 10 steps after the first), the same quantity as the prediction. `made_for`:
     Json's "for"."""
@@ -425,22 +426,23 @@ def Verify(made_for: dict, plans: list, steps: int = 12) -> list[tuple[float, di
                 json.dump({"for": made_for, "plan": c.Flags(), "predicted": predicted}, f)
             cmd = [sys.executable, "-m", "lingpipe.trainer", f"--model={made_for['model']}"]
             cmd += [f"--logdir={logdir}", f"--max_steps={steps}", f"--plan={path}"]
-            subprocess.run(cmd, capture_output=True, text=True)
+            done = subprocess.run(cmd, capture_output=True, text=True)
             check = os.path.join(logdir, "plan_check.json")
-            measured = None
+            lines = [x for x in (done.stderr + done.stdout).splitlines() if x.strip()]
+            measured: dict | str = lines[-1].strip() if lines else f"exit status {done.returncode}"
             if os.path.exists(check):
                 with open(check) as f:
-                    measured = json.load(f).get("measured")
+                    measured = json.load(f).get("measured") or measured
         out.append((c.step_seconds, measured))
     return out
 
 
-def _VerifyLine(predicted: float, measured: dict | None, c: Any) -> str:
+def _VerifyLine(predicted: float, measured: dict | str, c: Any) -> str:
     """One plan's line of --verify: predicted against measured step, and each device's
-    peak where each has an allocator of its own."""
+    peak where each has an allocator of its own; or the trainer's last line."""
     head = f"  {predicted * 1e3:8.1f} ms / "
-    if not measured:
-        return f"{head}(no plan_check.json: the trainer failed)  {c.Describe()}"
+    if isinstance(measured, str):
+        return f"{head}the trainer measured nothing ({measured[:200]})  {c.Describe()}"
     seconds = measured["step_seconds"]
     head += f"{seconds * 1e3:8.1f} ms ({(predicted - seconds) / seconds * 100:+.0f}%)"
     peaks = measured.get("peak_bytes") or []
@@ -519,9 +521,11 @@ def main(argv: list[str] | None = None) -> int:
         written["verify"] = []
         for c, (pred, meas) in zip(plans, Verify(written["for"], plans)):
             print(_VerifyLine(pred, meas, c))
+            ok = isinstance(meas, dict)
             written["verify"].append(
-                dict(flags=c.Flags(), predicted_seconds=pred, measured=meas,
-                     measured_seconds=meas["step_seconds"] if meas else None)
+                dict(flags=c.Flags(), predicted_seconds=pred, measured=meas if ok else None,
+                     measured_seconds=meas["step_seconds"] if ok else None,
+                     **({} if ok else {"error": meas}))
             )  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:

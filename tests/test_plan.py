@@ -62,13 +62,32 @@ def test_verify_trains_the_top_plans_and_reads_what_the_trainer_measured(tmp_pat
     done = _Run(tmp_path, *flags, f"--json={out}")
     assert done.returncode == 0, done.stderr[-2000:]
     verified = json.loads(out.read_text())["verify"]
-    assert len(verified) == 2 and "the trainer failed" not in done.stdout
+    assert len(verified) == 2 and "the trainer measured nothing" not in done.stdout
     for v in verified:
         measured = v["measured"]  # the trainer's plan_check.json: its timed steps
         assert measured["steps"] >= 1 and v["measured_seconds"] == measured["step_seconds"] > 0
         assert measured["allocators"] == ["all CPU devices (one allocator)"]
     lines = done.stdout.split("verify:")[1].splitlines()[1:3]
     assert all(" ms / " in line and "%)" in line for line in lines), lines
+
+
+class _BadPlan:
+    step_seconds, peak_bytes = 0.01, (1, 1)
+
+    def Flags(self):
+        return {"schedule": "nope"}
+
+    def Describe(self):
+        return "a plan with an unknown schedule"
+
+
+def test_verify_says_why_the_trainer_measured_nothing():
+    made_for = {"model": "lm.TransformerLmTiny", "devices": 2, "global_batch": 32,
+                "memory_per_device": 2**30}  # fmt: skip
+    ((predicted, measured),) = plan.Verify(made_for, [_BadPlan()], steps=2)
+    assert isinstance(measured, str) and "nope" in measured, measured
+    line = plan._VerifyLine(predicted, measured, _BadPlan())
+    assert line.startswith("      10.0 ms / the trainer measured nothing (") and "nope" in line
 
 
 @pytest.mark.parametrize(
