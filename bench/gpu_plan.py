@@ -15,7 +15,6 @@ device's peak against the prediction. A plan that runs out of memory is a row.
 from __future__ import annotations
 
 import gc
-import statistics
 import time
 
 from bench import budget
@@ -96,24 +95,19 @@ def Measured(model, c, devices: list[str], steps: int) -> list[dict]:
     on CPU one row (one allocator: the total against the estimates' sum)."""
     import tensorflow as tf
 
+    from lingpipe import plan
     from lingpipe.pipeline.observe import memory
 
     base = dict(plan=c.Describe(), predicted_ms=c.step_seconds * 1e3)
     gc.collect()  # the last plan's step and tensors
     try:
         step, _ = model.TrainStep(c, model.global_batch)
-        for _ in range(2):
-            step().numpy()
+        step().numpy()  # trace and allocate; MedianSeconds runs one more untimed
         memory.ResetPeaks(devices)
-        seconds = []
-        for _ in range(steps):
-            t = time.perf_counter()
-            step().numpy()
-            seconds.append(time.perf_counter() - t)
+        measured = plan.MedianSeconds(step, steps)
         peaks = memory.MeasuredPeaks(devices)
     except tf.errors.ResourceExhaustedError as e:
         return [dict(base, oom=budget.LastLine(str(e)))]
-    measured = statistics.median(seconds)
     base.update(measured_ms=measured * 1e3, step_error=c.step_seconds / measured - 1)
     if len(peaks) == 1:  # one allocator
         ((where, peak),) = peaks.items()

@@ -59,9 +59,11 @@ __all__ = [
     "DeviceBytes",
     "Json",
     "main",
+    "MedianSeconds",
     "ParseSize",
     "Plan",
     "PlanError",
+    "Predicted",
     "ProfileNeed",
     "RegisteredModel",
     "Screen",
@@ -326,7 +328,7 @@ def Calibrate(
     probes, timed = [], []
     for c in planner.CalibrationProbes(pipelines[0], result.costs, model.global_batch):
         step, pipeline = model.TrainStep(c, batch)
-        unprofiled = _MedianSeconds(step, steps)
+        unprofiled = MedianSeconds(step, steps)
         with tempfile.TemporaryDirectory() as logdir:
             spans = timeline.Record(step, logdir, pipeline, num_steps=steps)
         compute = planner.Compute(c, result.costs, rates, batch)
@@ -342,7 +344,9 @@ def Calibrate(
     return costs, cal_rates, cal, line
 
 
-def _MedianSeconds(step: Any, steps: int) -> float:
+def MedianSeconds(step: Any, steps: int) -> float:
+    """The median seconds of `steps` calls of `step` (its results read back), after one
+    untimed call that traces it."""
     import time
 
     import tensorflow as tf
@@ -385,13 +389,19 @@ def Screen(model: RegisteredModel, result: Any, memory_per_device: int) -> str:
     )
 
 
+def Predicted(c: Any) -> dict:
+    """A planned candidate's prediction as plan files hold it: its step seconds and peak
+    bytes per device."""
+    return {"step_seconds": c.step_seconds, "peak_bytes": list(c.peak_bytes)}
+
+
 def Json(result: Any, model: RegisteredModel, num_devices: int, memory_per_device: int) -> dict:
     """What --json writes; "for" says what the plan was made for (the trainer's --plan
     refuses a plan for another model or for more devices than it has)."""
     c = result.chosen
 
     def Entry(x: Any) -> dict:
-        return dict(flags=x.Flags(), step_seconds=x.step_seconds, peak_bytes=list(x.peak_bytes))
+        return dict(flags=x.Flags(), **Predicted(x))
 
     return {
         "for": {
@@ -401,7 +411,7 @@ def Json(result: Any, model: RegisteredModel, num_devices: int, memory_per_devic
             "memory_per_device": memory_per_device,
         },
         "plan": c.Flags(),
-        "predicted": {"step_seconds": c.step_seconds, "peak_bytes": list(c.peak_bytes)},
+        "predicted": Predicted(c),
         "candidates": [Entry(x) for x in [c, *result.runners_up]],
         "refused": [
             dict(flags=r.candidate.Flags(), device=r.device, excess_bytes=r.excess_bytes)
@@ -421,9 +431,8 @@ def Verify(made_for: dict, plans: list, steps: int = 12) -> list[tuple[float, di
     for c in plans:
         with tempfile.TemporaryDirectory() as logdir:
             path = os.path.join(logdir, "plan.json")
-            predicted = dict(step_seconds=c.step_seconds, peak_bytes=list(c.peak_bytes))
             with open(path, "w") as f:
-                json.dump({"for": made_for, "plan": c.Flags(), "predicted": predicted}, f)
+                json.dump({"for": made_for, "plan": c.Flags(), "predicted": Predicted(c)}, f)
             cmd = [sys.executable, "-m", "lingpipe.trainer", f"--model={made_for['model']}"]
             cmd += [f"--logdir={logdir}", f"--max_steps={steps}", f"--plan={path}"]
             done = subprocess.run(cmd, capture_output=True, text=True)
