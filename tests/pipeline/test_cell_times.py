@@ -29,8 +29,9 @@ def test_the_profile_has_a_line_per_cell_and_kind_and_with_a_partner_b_together(
         assert len(lines) == 2 and all(a >= 0 and b >= 0 for a, b in lines)
     assert times.backward_together == () and times.BackwardTogether([0], 4) is None
     paired = cell_times.Profile(parent, cells, specs, (2, 8), repeats=1, partner="/device:CPU:1")
-    assert len(paired.backward_together) == 2
-    assert all(a >= 0 and b >= 0 for a, b in paired.backward_together)
+    assert len(paired.backward_together) == len(paired.forward_together) == 2
+    assert all(a >= 0 and b >= 0 for a, b in paired.backward_together + paired.forward_together)
+    assert times.forward_together == ()
 
 
 def test_a_long_kind_is_timed_once_and_a_short_one_as_copies_less_one(monkeypatch):
@@ -97,9 +98,14 @@ def test_b_together_runs_a_copy_on_each_device_each_reading_its_own_weights(monk
         x1 = tf.ones([2, 4])
     here, here_w = Unit("here")
     timed = []
-    monkeypatch.setattr(cell_times, "_Median", lambda fn, repeats: timed.append(fn()) or 0.001)
+    # F once, F as 4 copies, B once, B as 4 copies: F 1 ms a copy, B 3 ms (B less F: 2).
+    readings = iter([0.001, 0.004, 0.002, 0.011])
+    monkeypatch.setattr(
+        cell_times, "_Median", lambda fn, repeats: timed.append(fn()) or next(readings)
+    )
     units = [(here, here_w, (tf.ones([2, 4]),), None), (there, there_w, (x1,), "/device:CPU:1")]
-    cell_times.TogetherSeconds(units, repeats=1)
+    forward, backward = cell_times.TogetherSeconds(units, repeats=1)
+    assert (forward, backward) == pytest.approx((0.001, 0.002))  # F so, and B so less F
     # B and F, each once and as copies: four traced functions, each running both units.
     assert len(timed) == 4
     names = [name for name, _, _ in placed]

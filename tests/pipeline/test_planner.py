@@ -274,6 +274,42 @@ def test_a_backward_beside_another_device_takes_its_measured_together_time_not_i
     assert ONE_SECOND.BackwardTogether([0], 1) is None
 
 
+def test_replicas_of_cells_profiled_beside_a_copy_are_slowed_by_their_reading_at_their_size():
+    # Replicas run the same cells at once, as the profile's copies did. The device's one
+    # factor (2.0, read on large matmuls) against each cell's forward timed beside a
+    # copy: 1.5 s at one example (1.5x its 1 s alone), 3 s at three (a line 0.75 +
+    # 0.75 n; 1.0x its 3 s alone).
+    per_example = cost_model.CellTimes(((0.0, 1.0),) * 2, ((0.0, 1.0),) * 2, ((0.0, 1.0),) * 2)
+    beside = dataclasses.replace(per_example, forward_together=((0.75, 0.75),) * 2)
+    assert beside.Contention([0, 1], 1, device=2.0) == pytest.approx(1.5)
+    assert beside.Contention([0, 1], 3, device=2.0) == pytest.approx(1.0)
+    assert per_example.Contention([0, 1], 1, device=2.0) == 2.0  # not profiled so
+    rates = planner.Rates(1.0, action_s=0.0, bytes_per_s=1e30, latency_s=0.0, contention=2.0)
+    pair = planner.Candidate(2, 1, 1, "gpipe", 1, "never", (2,))
+    for batch, factor in ((2, 1.5), (6, 1.0)):  # each replica: 1 and 3 examples
+        n = batch // 2
+        # F, I and W of both cells, each n seconds alone, times the cells' own factor.
+        want = 2 * 3 * n * factor
+        costs = dataclasses.replace(TWO_CELLS, times=beside)
+        assert planner.PredictSeconds(pair, costs, rates, batch) == pytest.approx(want)
+        flat = dataclasses.replace(TWO_CELLS, times=per_example)
+        assert planner.PredictSeconds(pair, flat, rates, batch) == pytest.approx(2 * 3 * n * 2.0)
+    # A device alone is not slowed, whatever the reading.
+    one = planner.Candidate(1, 1, 1, "gpipe", 1, "never", (2,))
+    costs = dataclasses.replace(TWO_CELLS, times=beside)
+    assert planner.PredictSeconds(one, costs, rates, 1) == pytest.approx(2 * 3 * 1.0)
+    # A pipeline's stages overlap different work, not a copy of theirs: the device's
+    # factor, as without the readings.
+    for m in (1, 4):
+        chain = planner.Candidate(1, 2, m, "1f1b", 1, "never", (1, 1))
+        flat = dataclasses.replace(TWO_CELLS, times=per_example)
+        assert planner.PredictSeconds(chain, costs, rates, 8) == pytest.approx(
+            planner.PredictSeconds(chain, flat, rates, 8)
+        )
+    # A calibration's scale scales the readings with the times: the factor stays.
+    assert beside.Scaled(3.0).Contention([0], 1, device=2.0) == pytest.approx(1.5)
+
+
 def test_contention_is_the_least_reading_as_a_slowed_period_only_raises_one(monkeypatch):
     # Readings of together / alone: 1.9 (the host's cores slowed for a while), 1.0,
     # 1.9. The least is the machine's.

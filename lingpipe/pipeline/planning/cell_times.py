@@ -19,12 +19,18 @@ cost_model.MeasureActionSeconds). I is the second kind less F, W the third less 
 more once is timed once (the call is under 1% of it). Per kind and cell a line
 `fixed + per_example * n` through the sizes (cost_model.FitLine).
 
-With `partner` (a second device, Partner()), each cell is also built there and B is
-timed once more with both copies running it at once, each on its device, less F run
-the same way (CellTimes.backward_together): what a B costs while another device
-computes too. It is not I + W: both gradients start from the same gradient of the
-outputs, which one B makes once (a 32k softmax's B together measured 19 ms where I + W
-came to 35 ms), and the host's threads are shared.
+With `partner` (a second device, Partner()), each cell is also built there, and F and B
+are timed once more with both copies running them at once, each on its device (B less
+F run the same way): what they cost while another device computes too
+(CellTimes.forward_together, backward_together). B so is not I + W: both gradients
+start from the same gradient of the outputs, which one B makes once (a 32k softmax's B
+together measured 19 ms where I + W came to 35 ms), and the host's threads are shared.
+How much slower a cell computes beside another device depends on its size and on the
+host's threads: on two CPU cores with one thread per device, the F of a 512-wide MLP's
+cells took 1.8x as long beside their copies at 16 examples and 1.0x at 256; under
+TensorFlow's default threads, 512 x 512 matmuls (cost_model.MeasureContention) took
+1.8x. One factor for every cell cannot say both: CellTimes.Contention reads each
+cell's own.
 """
 
 from __future__ import annotations
@@ -123,11 +129,13 @@ def UnitSeconds(
     return (t_f, max(0.0, t_i - t_f), max(0.0, t_w - t_f), max(0.0, t_b - t_f)), out
 
 
-def TogetherSeconds(units: Sequence[tuple], repeats: int, copies: int = 4) -> float:
-    """Seconds of a unit's both gradients (B) while each of `units`, (run, weights, args,
-    device): copies of one unit, each with its own weights and inputs on its device,
-    runs it at once (module doc): B so less F so, timed as UnitSeconds times a kind."""
-    return max(0.0, _Timed(units, "B", repeats, copies) - _Timed(units, "F", repeats, copies))
+def TogetherSeconds(units: Sequence[tuple], repeats: int, copies: int = 4) -> tuple[float, float]:
+    """(F, B) seconds of a unit while each of `units`, (run, weights, args, device):
+    copies of one unit, each with its own weights and inputs on its device, runs it at
+    once (module doc): its forward so, and its both gradients (B so less F so), each
+    timed as UnitSeconds times a kind."""
+    forward = _Timed(units, "F", repeats, copies)
+    return forward, max(0.0, _Timed(units, "B", repeats, copies) - forward)
 
 
 def _Once(run: Callable[..., Any], weights: list, kind: str, inputs: tuple) -> list:
@@ -185,16 +193,22 @@ def Lines(
     measured: Sequence[Sequence[tuple]],
     together: Sequence[Sequence[float]] | None = None,
 ) -> cost_model.CellTimes:
-    """CellTimes from UnitSeconds per unit and per size of `sizes` (and TogetherSeconds,
-    if given): per kind and unit a line `fixed + per_example * n` (cost_model.FitLine)."""
-    kinds = [
-        tuple(cost_model.FitLine(sizes, [m[kind] for m in per_size]) for per_size in measured)
-        for kind in range(4)
-    ]
-    forward, backward_input, backward_weight, backward = kinds
-    both = tuple(cost_model.FitLine(sizes, list(t)) for t in together or ())
+    """CellTimes from UnitSeconds per unit and per size of `sizes` (and TogetherSeconds
+    per unit and size, if given): per kind and unit a line `fixed + per_example * n`
+    (cost_model.FitLine)."""
+
+    def Fit(per_unit: Sequence[Sequence[Any]], kind: int) -> tuple:
+        return tuple(cost_model.FitLine(sizes, [m[kind] for m in ms]) for ms in per_unit)
+
+    forward, backward_input, backward_weight, backward = (Fit(measured, k) for k in range(4))
     return cost_model.CellTimes(
-        forward, backward_input, backward_weight, "profile", backward, backward_together=both
+        forward,
+        backward_input,
+        backward_weight,
+        "profile",
+        backward,
+        backward_together=Fit(together or (), 1),
+        forward_together=Fit(together or (), 0),
     )
 
 
@@ -215,7 +229,7 @@ def Profile(
         n: tuple(costs._SampleInput(s) for s in Resized(input_specs, n, batch_dim))  # noqa: SLF001
         for n in sizes
     }
-    measured, together = [], []  # per cell, (F, I, W, B) per size; B together per size
+    measured, together = [], []  # per cell, (F, I, W, B) per size; (F, B) together per size
     done: dict = {}  # (the cell's params, its inputs' shapes): (per_size, outputs, together)
     for i, p in enumerate(cell_params):
         p = base_layer.BaseLayer.CopyBaseParams(parent_p, p.Copy())
@@ -245,8 +259,8 @@ def Profile(
 
 def _Together(
     p: hyperparams.Params, cell: Any, args: dict, sizes: Sequence[int], repeats: int, partner: str
-) -> list[float]:
-    """Per size, TogetherSeconds of `cell` and a copy of it built on `partner`."""
+) -> list[tuple[float, float]]:
+    """Per size, TogetherSeconds (F, B) of `cell` and a copy of it built on `partner`."""
     with tf.device(partner):
         twin = p.Copy().Set(name=f"{p.name}_partner").Instantiate()
         there = {n: tf.nest.map_structure(tf.identity, args[n]) for n in sizes}

@@ -25,9 +25,16 @@ An action then costs (`ActionCosts`):
     with, as long as both gradients take together (CellTimes.BackwardAlone); beside
     another device computing, as measured so (CellTimes.BackwardTogether, which holds
     the contention), else I + W.
-Every time but the fixed cost and the transfers is multiplied by `contention`: how much
-slower a device computes while the other devices compute too (logical devices sharing
-a host's cores; 1 where each device has its own), measured by planner.MeasureRates.
+Every time but the fixed cost and the transfers is multiplied by the contention: how
+much slower a device computes while the other devices compute too (logical devices
+sharing a host's cores; 1 where each device has its own), the device's one factor,
+measured by planner.MeasureRates on 512 x 512 matmuls. Replicas run the same cells at
+the same time on every device, which is what the profile times beside a copy: where it
+did (CellTimes.forward_together), each stage of a replica takes its cells' own factor at
+the micro-batch's size (CellTimes.Contention: small cells and large ones are slowed
+differently). A pipeline's stages overlap different work for part of the time, and keep
+the device's factor: its cells' readings beside a copy put the MLP's K=2 rows at M=16
+28% to 71% over their measured step, where the device's factor has them within 14%.
 planner.PredictSeconds passes it for replicas, which always compute together; a
 pipeline's stages are costed uncontended and their overlap stretched afterwards.
 The fixed cost of an action (`MeasureActionSeconds`) is measured on the executor itself:
@@ -86,6 +93,9 @@ class CellTimes:
         CPU's threads run the two gradients' independent ops at once); empty: I + W.
       backward_together: one line per cell for both gradients in one action while
         another device computes too (cell_times.TogetherSeconds); empty: I + W.
+      forward_together: one line per cell for its forward while another device
+        computes too (cell_times.TogetherSeconds); empty: the forward times the
+        device's contention (Contention).
     """
 
     forward: tuple[Line, ...]
@@ -94,6 +104,7 @@ class CellTimes:
     source: str = "profile"
     backward: tuple[Line, ...] = ()
     backward_together: tuple[Line, ...] = ()
+    forward_together: tuple[Line, ...] = ()
 
     def Seconds(self, kind: str, cells: Sequence[int], n: float) -> float:
         """Seconds of `kind` (F, I, W, or B = I + W) over `cells` for n examples."""
@@ -122,6 +133,16 @@ class CellTimes:
             return None
         return sum(self.backward_together[c][0] + self.backward_together[c][1] * n for c in cells)
 
+    def Contention(self, cells: Sequence[int], n: float, device: float) -> float:
+        """How much slower `cells` compute at n examples while another device computes:
+        their forward beside a copy over alone (the `forward_together` lines, at least
+        1), else `device`, the device's one factor (planner.Rates.contention)."""
+        if not self.forward_together:
+            return device
+        alone = self.Seconds(FORWARD, cells, n)
+        beside = sum(self.forward_together[c][0] + self.forward_together[c][1] * n for c in cells)
+        return max(1.0, beside / alone) if alone > 0 else device
+
     def Scaled(self, factor: float) -> CellTimes:
         """Every time times `factor` (a calibration's device scale)."""
 
@@ -135,6 +156,7 @@ class CellTimes:
             self.source,
             Scale(self.backward),
             Scale(self.backward_together),
+            Scale(self.forward_together),
         )
 
 
@@ -173,6 +195,7 @@ def ActionCosts(
     sum_s: Sequence[float] | None = None,
     contention: float = 1.0,
     contended: bool = True,
+    lockstep: bool = False,
 ) -> dict[str, dict[tuple[int, int], float]]:
     """Per kind, {(stage, micro-batch): seconds} of every action of `sched` (module doc).
 
@@ -185,9 +208,14 @@ def ActionCosts(
         another device; None: free.
       sum_s: per stage, seconds to add one micro-batch's weight gradients to the
         stage's sum (paid by each W, or B); None: free.
-      contention: the factor on every time but `action_s` and the transfers.
+      contention: the device's factor on every time but `action_s` and the transfers
+        (1: uncontended).
       contended: whether another device computes beside each action; if not, a B
         action's gradients take times.BackwardAlone.
+      lockstep: every device runs the same actions at the same time (replicas): a stage
+        whose cells were profiled beside a copy of themselves (times.forward_together)
+        takes their own factor at the micro-batch's size (CellTimes.Contention) in
+        place of `contention`.
     """
     bounds = partition.Boundaries(list(counts))
     if len(bounds) != sched.num_stages:
@@ -199,8 +227,11 @@ def ActionCosts(
     out: dict[str, dict] = {k: {} for k in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)}
     for s, (lo, hi) in enumerate(bounds):
         cells = range(lo, hi)
-        f, i, w = (contention * times.Seconds(k, cells, micro_batch) for k in "FIW")
-        both = contention * times.BackwardAlone(cells, micro_batch)
+        factor = contention
+        if contended and lockstep:
+            factor = times.Contention(cells, micro_batch, contention)
+        f, i, w = (factor * times.Seconds(k, cells, micro_batch) for k in "FIW")
+        both = factor * times.BackwardAlone(cells, micro_batch)
         if contended:
             together = times.BackwardTogether(cells, micro_batch)
             both = i + w if together is None else together

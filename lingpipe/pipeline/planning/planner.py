@@ -271,6 +271,7 @@ def ActionSeconds(
         sum_s=[b * rates.add_s_per_byte for b in stage_bytes],
         contention=Contention(candidate, rates) if contended else 1.0,
         contended=contended and candidate.replicas * candidate.num_stages > 1,
+        lockstep=candidate.replicas > 1,
     )
 
 
