@@ -340,8 +340,17 @@ def ProfiledCosts(pipe_p, metas, batch: int, sizes: list):
     )
 
 
-def Child(model: str, cfg: dict, steps: int) -> dict:
-    common.Setup(2, intra_op=1, inter_op=2)
+# The threads of the grid's processes: one per device (the default), or TensorFlow's
+# own choice, as the trainer and `python -m lingpipe.plan` run unless told otherwise.
+THREADS = {"intra1_inter2": dict(intra_op=1, inter_op=2), "default": {}}
+
+
+def _Setup(threads: str) -> None:
+    common.Setup(2, **THREADS[threads])
+
+
+def Child(model: str, cfg: dict, steps: int, threads: str = "intra1_inter2") -> dict:
+    _Setup(threads)
     import dataclasses
 
     import tensorflow as tf
@@ -435,7 +444,7 @@ def MedianProbe(probes: list) -> tuple:
             for i in range(size)
         )
 
-    fields = ("forward", "backward_input", "backward_weight", "backward", "backward_together")
+    fields = [f.name for f in dataclasses.fields(times[0]) if f.name != "source"]
     profiled = dataclasses.replace(times[0], **{f: Lines(f) for f in fields})
     return median, dataclasses.replace(probes[0][1], times=profiled)
 
@@ -604,12 +613,12 @@ def KerasModel(seed: int = 0):
     return model, x, y
 
 
-def KerasChild(cfg: dict, steps: int) -> dict:
+def KerasChild(cfg: dict, steps: int, threads: str = "intra1_inter2") -> dict:
     """The Keras rows: lingpipe.keras.Plan's predictions (its costs: each layer call
     profiled here, keras_plan.PlanCosts; the graph's memory estimate) against
     lingpipe.keras.Pipeline trained with Adam. The Keras pipeline has one replica: K=1
     is the model on one device."""
-    common.Setup(2, intra_op=1, inter_op=2)
+    _Setup(threads)
     import dataclasses
 
     import keras
@@ -976,6 +985,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--quick", action="store_true", help="the MLP, M in {2, 4}, 3 schedules")
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument(
+        "--threads",
+        choices=sorted(THREADS),
+        default="intra1_inter2",
+        help="one thread per device (intra-op 1, inter-op 2), or TensorFlow's default",
+    )
     ap.add_argument("--models", default=None, help="comma-separated subset of lm32k,mlp,keras")
     ap.add_argument("--micro_batches", default=None, help="comma-separated M, e.g. 1,4,16")
     ap.add_argument("--schedules", default=None, help="comma-separated, e.g. 1f1b,zbv")
@@ -1011,9 +1026,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.plan100:
             result = PlanHundred()
         elif args.model == "keras":
-            result = KerasChild(_Config(args), args.steps)
+            result = KerasChild(_Config(args), args.steps, args.threads)
         else:
-            result = Child(args.model, _Config(args), args.steps)
+            result = Child(args.model, _Config(args), args.steps, args.threads)
         print(json.dumps(result))
         return 0
     cfg = _Config(args)
@@ -1033,11 +1048,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge and os.path.exists(out):
         with open(out, encoding="utf-8") as f:
             kept = json.load(f)
+        if kept.get("threads", "intra1_inter2") != args.threads:
+            print(
+                f"--merge --threads={args.threads}: {out} was measured with threads="
+                f"{kept.get('threads')}; rows of both cannot share one table",
+                file=sys.stderr,
+            )
+            return 2
         rows = [r for r in kept["rows"] if r["model"] not in cfg["models"]]
         runs = {m: dict({"date": kept["date"]}, **v) for m, v in kept["runs"].items()
                 if m not in cfg["models"]}  # fmt: skip
     for model in cfg["models"]:
-        flags = [f"--model={model}", f"--steps={args.steps}"] + [
+        flags = [f"--model={model}", f"--steps={args.steps}", f"--threads={args.threads}"] + [
             f"--{k}={getattr(args, k)}"
             for k in ("micro_batches", "schedules", "remats")
             if getattr(args, k)
@@ -1062,7 +1084,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = dict(
         machine=common.Machine(),
         date=datetime.date.today().isoformat(),
-        threads="intra1_inter2",
+        threads=args.threads,
         grid=dict(
             quick=args.quick,
             steps=args.steps,

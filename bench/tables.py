@@ -130,6 +130,20 @@ TITLES: dict[str, tuple[str, str, str]] = {
         "--schedules=gpipe,1f1b,zero_bubble --remats=never,always --no_plan100 "
         "--out=bench/results/plan_replay.json --against=bench/results/plan.json",
     ),
+    "plan_default_threads": (
+        "The planner's grid under TensorFlow's default threads (MLP)",
+        "The grid above runs one thread per device (intra-op 1, inter-op 2). The trainer "
+        "and `python -m lingpipe.plan` run with TensorFlow's default threads unless told "
+        "otherwise (--intra_op_threads, --inter_op_threads): there the two CPU devices share "
+        "the intra-op threads, and a large op alone runs on both cores. The same MLP grid, "
+        "measured so. `repeat` compares each configuration with a run of the same grid "
+        "before a replica's cells took their own contention (cost_model.CellTimes."
+        "Contention; every cell was slowed by the 512 x 512 matmuls' 1.8 then). The "
+        "K=2 rows are predicted by the same code in both runs: their differences, up to "
+        "26%, are the profile's spread from run to run under shared threads.",
+        "python bench/plan.py --models=mlp --threads=default --no_plan100 "
+        "--out=bench/results/plan_default_threads.json --against=FILE",
+    ),
     "pairs": (
         "Pairs timed in turn",
         "Two configurations built side by side and timed in turn (bench/pairs.py): "
@@ -154,7 +168,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "memory_err", "load", "error",
     ),
 }  # fmt: skip
-COLUMNS["plan_replay"] = COLUMNS["plan"]
+COLUMNS["plan_replay"] = COLUMNS["plan_default_threads"] = COLUMNS["plan"]
 COLUMNS["pairs"] = (
     "pair", "model", "M", "cap_mib", "first", "second", "predicted_ratio", "ratio",
     "ratio_min", "ratio_max", "pick_vs_best", "first_s", "second_s", "error",

@@ -53,6 +53,8 @@ import sys
 import tempfile
 from typing import Any
 
+from lingpipe.pipeline.step import settings
+
 __all__ = [
     "Calibrate",
     "ChooseCosts",
@@ -360,14 +362,10 @@ def MedianSeconds(step: Any, steps: int) -> float:
     return sorted(seconds)[len(seconds) // 2]
 
 
-def _FlagText(value: Any) -> str:
-    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-
-
 def _CommandLine(model: str, flags: dict) -> str:
     parts = [f"python -m lingpipe.trainer --model={model}"]
     for k, v in flags.items():
-        text = _FlagText(v)
+        text = settings.FlagText(v)
         parts.append(f"--{k}='{text}'" if " " in text or ";" in text else f"--{k}={text}")
     return " ".join(parts)
 

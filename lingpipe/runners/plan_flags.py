@@ -79,11 +79,7 @@ def DefineFlags(flags: Any) -> None:
     )
 
 
-def FlagText(value: Any) -> str:
-    """A plan's value as its flag's text: lists as 'a,b'."""
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(x) for x in value)
-    return str(value)
+FlagText = settings.FlagText  # a plan's value as its flag's text: lists as 'a,b'
 
 
 def CheckFlags(flags: Any) -> dict | None:

@@ -123,3 +123,16 @@ def test_probes_are_taken_through_the_run_and_predictions_use_their_median():
     assert costs.times.forward == ((0.0, 1.1), (1.0, 2.2))
     assert costs.times.backward == ()  # two of three probes found I + W apart faster
     assert costs.flops == (1.0, 1.0)
+
+
+def test_merge_refuses_a_file_measured_with_other_threads(tmp_path, capsys, monkeypatch):
+    # One table holds rows of one threading: a grid under TensorFlow's default threads
+    # cannot be merged into one measured with a thread per device, nor the other way.
+    measured = []
+    monkeypatch.setattr(plan.common, "RunChild", lambda *a, **k: measured.append(a) or {})
+    out = tmp_path / "plan.json"
+    text = json.dumps(dict(rows=[], runs={}, threads="intra1_inter2"))
+    out.write_text(text)
+    assert plan.main(["--models=mlp", "--merge", "--threads=default", f"--out={out}"]) == 2
+    assert "was measured with threads=intra1_inter2" in capsys.readouterr().err
+    assert out.read_text() == text and not measured

@@ -32,6 +32,7 @@ __all__ = [
     "DefineFlags",
     "Documented",
     "FLAGS",
+    "FlagText",
     "FromText",
     "Get",
     "PARTITION_POLICIES",
@@ -180,6 +181,13 @@ def DefineFlags(flags: Any, names: tuple[str, ...] = FLAGS) -> None:
             if s.kind in ("name", "partition"):
                 help_text += " A list as '[a, b]' or 'a,b'."
             flags.DEFINE_string(s.name, None, help_text)
+
+
+def FlagText(value: Any) -> str:
+    """A setting's value as its flag's text, which FromText reads back: lists as 'a,b'."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(x) for x in value)
+    return str(value)
 
 
 def FromText(name: str, text: str) -> Any:
