@@ -80,6 +80,11 @@ __all__ = [
 Line = tuple[float, float]  # (fixed seconds, seconds per example)
 
 
+def _Sum(lines: Sequence[Line], cells: Sequence[int], n: float) -> float:
+    """The lines of `cells` at n examples, added."""
+    return sum(lines[c][0] + lines[c][1] * n for c in cells)
+
+
 @dataclasses.dataclass(frozen=True)
 class CellTimes:
     """Per cell, seconds of its forward, inputs' gradient and weights' gradient for a
@@ -115,7 +120,7 @@ class CellTimes:
             BACKWARD_INPUT: self.backward_input,
             BACKWARD_WEIGHT: self.backward_weight,
         }[kind]
-        return sum(lines[c][0] + lines[c][1] * n for c in cells)
+        return _Sum(lines, cells, n)
 
     def BackwardAlone(self, cells: Sequence[int], n: float) -> float:
         """Seconds of both gradients in one action on an uncontended device: the
@@ -123,7 +128,7 @@ class CellTimes:
         apart = self.Seconds(BACKWARD, cells, n)
         if not self.backward:
             return apart
-        return min(apart, sum(self.backward[c][0] + self.backward[c][1] * n for c in cells))
+        return min(apart, _Sum(self.backward, cells, n))
 
     def BackwardTogether(self, cells: Sequence[int], n: float) -> float | None:
         """Seconds of both gradients in one action while another device computes:
@@ -131,7 +136,7 @@ class CellTimes:
         times the contention)."""
         if not self.backward_together:
             return None
-        return sum(self.backward_together[c][0] + self.backward_together[c][1] * n for c in cells)
+        return _Sum(self.backward_together, cells, n)
 
     def Contention(self, cells: Sequence[int], n: float, device: float) -> float:
         """How much slower `cells` compute at n examples while another device computes:
@@ -140,7 +145,7 @@ class CellTimes:
         if not self.forward_together:
             return device
         alone = self.Seconds(FORWARD, cells, n)
-        beside = sum(self.forward_together[c][0] + self.forward_together[c][1] * n for c in cells)
+        beside = _Sum(self.forward_together, cells, n)
         return max(1.0, beside / alone) if alone > 0 else device
 
     def Scaled(self, factor: float) -> CellTimes:
