@@ -334,6 +334,7 @@ def ProfiledCosts(pipe_p, metas, batch: int, sizes: list):
         flops=tuple(float(m.flops) / batch for m in metas),
         out_bytes=tuple(costs_lib.ShapeBytes(m.out_shapes) // batch for m in metas),
         weight_bytes=tuple(4 * int(m.num_params) for m in metas),
+        weight_counts=costs_lib.WeightCounts(pipe_p, pipe_p.cell_tpl),
         times=cell_times.Profile(
             pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes), sizes, partner=DEVICES[1]
         ),
@@ -749,6 +750,7 @@ def PlanHundred() -> dict:
         tuple(float(m.flops) / 512 for m in metas),
         tuple(costs_lib.ShapeBytes(m.out_shapes) // 512 for m in metas),
         tuple(4 * int(m.num_params) for m in metas),
+        weight_counts=costs_lib.WeightCounts(pipe_p, pipe_p.cell_tpl),
     )
     traced: dict = {}
     inputs = (tf.zeros([512, 512]),)

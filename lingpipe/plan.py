@@ -138,6 +138,7 @@ class RegisteredModel:
             flops=tuple(float(m.flops) for m in metas),
             out_bytes=tuple(costs.ShapeBytes(m.out_shapes) for m in metas),
             weight_bytes=tuple(4 * int(m.num_params) for m in metas),
+            weight_counts=costs.WeightCounts(pipe_p, pipe_p.cell_tpl),
         )
 
     def Profiled(self, flop_costs: Any, sizes: list[int]) -> Any:

@@ -223,16 +223,18 @@ def _FloatArgs(graph: graph_lib.Graph, i: int) -> int:
     )  # fmt: skip
 
 
-def WeightBytes(graph: graph_lib.Graph, trainable: bool = False) -> list[int]:
-    """Per node, the bytes of its layer's variables (or trainable ones) where the layer is
-    first called, 0 at its later calls and for keras.ops operations."""
+def WeightBytes(graph: graph_lib.Graph, trainable: bool = False, count: bool = False) -> list[int]:
+    """Per node, the bytes of its layer's variables (or trainable ones; with `count`, their
+    number) where the layer is first called, 0 at its later calls and for keras.ops
+    operations."""
     seen: set = set()
     out = []
     for node in graph.nodes:
         first_use = node.is_layer and id(node.operation) not in seen
         seen.add(id(node.operation))
         weights = node.operation.trainable_weights if trainable else node.operation.weights
-        out.append(_VariableBytes(weights) if first_use else 0)
+        size = len(weights) if count else _VariableBytes(weights)
+        out.append(size if first_use else 0)
     return out
 
 

@@ -219,11 +219,12 @@ def _Candidates(n: int, num_nodes: int, batch: int, r: dict, where: str) -> list
 def ModelCosts(graph: graph_lib.Graph) -> planner.ModelCosts:
     """Per layer call, one example: FLOPs, the bytes a cut after it sends on (every tensor
     alive across it: skips and second inputs too), its layer's trainable weights' bytes
-    where first called."""
+    and number where first called."""
     return planner.ModelCosts(
         flops=tuple(float(graph_lib.NodeFlops(n)) for n in graph.nodes),
         out_bytes=tuple(graph_lib.CutBytes(graph)),
         weight_bytes=tuple(graph_memory.WeightBytes(graph, trainable=True)),
+        weight_counts=tuple(graph_memory.WeightBytes(graph, trainable=True, count=True)),
     )
 
 

@@ -122,6 +122,17 @@ def test_nothing_fits_names_the_smallest_need_and_its_candidate():
         _Plan(model, cap=_Size(found.group(1), -0.05) - 1)
 
 
+def test_a_layer_s_weights_are_counted_where_it_is_first_called():
+    x = keras.Input((8,), name="x")
+    shared = keras.layers.Dense(8, name="shared")
+    h = shared(shared(x))
+    model = keras.Model(x, keras.layers.Dense(3, use_bias=False, name="logits")(h))
+    costs = plan_lib.ModelCosts(graph_lib.Trace(model))
+    assert costs.weight_counts == (2, 0, 1)  # kernel and bias once; the logits' kernel
+    assert sum(costs.weight_counts) == len(model.trainable_weights)
+    assert sum(costs.weight_bytes) == 4 * (8 * 8 + 8 + 8 * 3)
+
+
 def test_the_memory_of_a_keras_graph_follows_the_schedule():
     """Dense(16, tanh) -> Dense(4) on two stages, batch 8 in M=2 micro-batches of 4 rows,
     GPipe, SGD (no slots): bytes you can count by hand."""

@@ -64,3 +64,20 @@ def test_a_remembered_partition_is_a_fresh_list_each_time():
     first = partition.MinMaxPartition([1.0, 2.0, 3.0, 4.0], 2)
     first.append(99)
     assert partition.MinMaxPartition([1.0, 2.0, 3.0, 4.0], 2) == [3, 1]
+
+
+def test_weight_counts_are_each_cell_s_trainable_variables_built_without_memory():
+    from lingpipe import model_registry
+
+    p = model_registry.GetParams("lm.TransformerLmTiny", "Train")
+    pipe_p = p.cls.PipelineParams(p)
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    counts = costs.WeightCounts(pipe_p, pipe_p.cell_tpl)
+    allocated = tf.config.experimental.get_memory_info("CPU:0")["current"] - before
+    # The embedding, two transformer layers (attention, feed-forward, two norms), the
+    # softmax: what the task itself builds, cell by cell.
+    assert counts == (1, 16, 16, 4)
+    built = p.Instantiate().trainable_variables
+    assert sum(counts) == len(built)
+    weights = sum(4 * v.shape.num_elements() for v in built)
+    assert allocated < weights / 20, (allocated, weights)

@@ -167,6 +167,27 @@ def test_each_micro_batch_adds_its_weight_gradients_to_the_sum():
     assert sched.has_backward
 
 
+def test_each_weight_pays_its_own_cost_in_the_sums_and_the_apply():
+    # A cost per weight (per variable) beside its bytes: 0.1 s to add one to a sum, 0.2 s
+    # to apply one. Stage 0 holds 3 weights, stage 1 holds 5: every B of stage 0 pays
+    # 0.3 s more, of stage 1 0.5 s; the step pays the sums' scaling (0.5 s, the device
+    # with more) and the apply (1.0 s), each device its own in parallel.
+    #   dev 1: F0 [1, 2] B0 [2, 4.5] F1 [4.5, 5.5] B1 [5.5, 8]
+    #   dev 0: F0 [0, 1] F1 [1, 2] B0 [4.5, 6.8] B1 [8, 10.3]          -> 10.3 + 1.5
+    rates = planner.Rates(1.0, action_s=0.0, bytes_per_s=1e30, latency_s=0.0)
+    per_weight = dataclasses.replace(rates, add_s_per_weight=0.1, apply_s_per_weight=0.2)
+    counted = dataclasses.replace(TWO_CELLS, weight_counts=(3, 5))
+    c = planner.Candidate(1, 2, 2, "1f1b", 1, "never", (1, 1))
+    assert planner.PredictSeconds(c, counted, per_weight, global_batch=4) == pytest.approx(11.8)
+    # Costs that do not count their weights (FLOP-only costs of a model not built) pay none.
+    assert planner.PredictSeconds(c, TWO_CELLS, per_weight, global_batch=4) == pytest.approx(9.0)
+    # Zero bubble: W pays the weights' additions, I none.
+    z = planner.Candidate(1, 2, 2, "zero_bubble", 1, "never", (1, 1))
+    per_kind = planner.ActionSeconds(z, counted, per_weight, 4)
+    assert per_kind["W"][(1, 0)] == pytest.approx(1.5)
+    assert per_kind["I"][(1, 0)] == pytest.approx(1.0)
+
+
 def test_contention_slows_the_compute_where_several_devices_compute():
     # A pipeline's devices are contended only while two of them run at once. Uncontended
     # (F = 1.5, B = 2.5): dev 0: F0 [0, 1.5] F1 [1.5, 3] B0 [5.5, 8] B1 [9.5, 12];

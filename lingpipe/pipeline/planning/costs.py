@@ -34,6 +34,7 @@ __all__ = [
     "ShapeBytes",
     "TimeUnit",
     "UnitTimes",
+    "WeightCounts",
 ]
 
 
@@ -61,6 +62,25 @@ def CellMetas(
         shapes = tuple(meta.out_shapes)
         metas[-1].out_shapes = shapes
     return metas
+
+
+def WeightCounts(
+    parent_p: hyperparams.Params, cell_params: Sequence[hyperparams.InstantiableParams]
+) -> tuple[int, ...]:
+    """Each cell's number of trainable variables (what the optimizer applies one by one,
+    planner.ModelCosts.weight_counts). The cells are built in a graph of their own, which
+    allocates no variable's memory: a model too big for this host is counted too. Cells
+    alike (the same params) are built once."""
+    counts, done = [], {}
+    with tf.Graph().as_default():
+        for i, p in enumerate(cell_params):
+            child_p = base_layer.BaseLayer.CopyBaseParams(parent_p, p.Copy())
+            child_p.name = child_p.name or f"count_cell_{i}"
+            key = child_p.ToText()
+            if key not in done:
+                done[key] = len(child_p.Instantiate().trainable_variables)
+            counts.append(done[key])
+    return tuple(counts)
 
 
 def ShapeBytes(shapes: Any, dtype: tf.DType = tf.float32) -> int:

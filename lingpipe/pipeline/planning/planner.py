@@ -86,9 +86,11 @@ class Rates:
     """What a device does per second: FLOPs, the fixed cost of one action, cross-device
     transfer (bytes per second and a latency), the optimizer's apply and a gradient's
     addition to a sum per weight byte, `contention`: the factor on compute while
-    every device computes (1: devices with cores of their own), and `step_s`: the fixed
+    every device computes (1: devices with cores of their own), `step_s`: the fixed
     cost of a step beyond its actions (0 until a calibration with two or more probes
-    measures it, lingpipe.pipeline.planning.calibrate)."""
+    measures it, lingpipe.pipeline.planning.calibrate), and the apply's and the
+    addition's own cost per weight (per variable, beside its bytes: the ops each
+    weight runs, cost_model.MeasureWeightSeconds)."""
 
     flops_per_s: float
     action_s: float
@@ -98,18 +100,29 @@ class Rates:
     add_s_per_byte: float = 0.0
     contention: float = 1.0
     step_s: float = 0.0
+    apply_s_per_weight: float = 0.0
+    add_s_per_weight: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelCosts:
     """Per cell, for one example: forward FLOPs, the bytes of its outputs (what crosses
     to the next cell), and its weights' bytes; `times`, the cells' profiled times
-    (cost_model.CellTimes), or None for FLOPs at the measured rate."""
+    (cost_model.CellTimes), or None for FLOPs at the measured rate; `weight_counts`,
+    its trainable variables (each pays Rates' costs per weight), or () where not
+    counted (none paid)."""
 
     flops: tuple[float, ...]
     out_bytes: tuple[int, ...]
     weight_bytes: tuple[int, ...]
     times: cost_model.CellTimes | None = None
+    weight_counts: tuple[int, ...] = ()
+
+    def StageWeights(self, counts: Sequence[int]) -> list[tuple[int, int]]:
+        """(bytes, variables) of each stage's weights, for cells per stage `counts`."""
+        bounds = partition.Boundaries(list(counts))
+        number = self.weight_counts or (0,) * len(self.weight_bytes)
+        return [(sum(self.weight_bytes[lo:hi]), sum(number[lo:hi])) for lo, hi in bounds]
 
 
 @dataclasses.dataclass
@@ -185,8 +198,8 @@ def MeasureRates(device: str | None = None) -> Rates:
     """This machine's rates, measured in a few seconds: a 512 x 512 matmul's FLOPs per
     second, the executor's fixed cost per action (cost_model.MeasureActionSeconds), a
     4 MiB copy between two devices (the same device when there is one), Adam's apply
-    and a sum's addition per weight byte, and the contention of every device
-    computing at once (cost_model.MeasureContention)."""
+    and a sum's addition per weight byte and per weight (cost_model.MeasureWeightSeconds),
+    and the contention of every device computing at once (cost_model.MeasureContention)."""
     import tensorflow as tf
 
     devices = [d.name for d in tf.config.list_logical_devices()]
@@ -222,9 +235,13 @@ def MeasureRates(device: str | None = None) -> Rates:
     action = cost_model.MeasureActionSeconds([here] if here == there else [here, there])
     apply = cost_model.MeasureApplySecondsPerByte(here)
     add = cost_model.MeasureAddSecondsPerByte(here)
+    apply_per_weight, add_per_weight = cost_model.MeasureWeightSeconds(here)
     contention = cost_model.MeasureContention(gpus or devices)
     bandwidth = 4 * 2**20 / max(copy_s - call, 1e-9)
-    return Rates(flops, action, bandwidth, call, apply, add, contention)
+    return Rates(
+        flops, action, bandwidth, call, apply, add, contention,
+        apply_s_per_weight=apply_per_weight, add_s_per_weight=add_per_weight,
+    )  # fmt: skip
 
 
 def CellTimesOf(costs: ModelCosts, rates: Rates) -> cost_model.CellTimes:
@@ -257,9 +274,7 @@ def ActionSeconds(
     def Transfer(cell: int) -> float:
         return costs.out_bytes[cell] * micro / rates.bytes_per_s + rates.latency_s
 
-    stage_bytes = [
-        sum(costs.weight_bytes[lo:hi]) for lo, hi in partition.Boundaries(list(candidate.partition))
-    ]
+    per_stage = costs.StageWeights(candidate.partition)
     return cost_model.ActionCosts(
         sched,
         candidate.partition,
@@ -268,7 +283,7 @@ def ActionSeconds(
         rates.action_s if action_s is None else action_s,
         candidate.remat,
         Transfer,
-        sum_s=[b * rates.add_s_per_byte for b in stage_bytes],
+        sum_s=[b * rates.add_s_per_byte + n * rates.add_s_per_weight for b, n in per_stage],
         contention=Contention(candidate, rates) if contended else 1.0,
         contended=contended and candidate.replicas * candidate.num_stages > 1,
         lockstep=candidate.replicas > 1,
@@ -321,11 +336,14 @@ def OutsideSeconds(candidate: Candidate, costs: ModelCosts, rates: Rates) -> flo
     optimizer's apply (each device its weights, in parallel), the replicas' ring
     all-reduce, and the fixed cost of a step (rates.step_s)."""
     sched = ScheduleOf(candidate)
-    device_bytes = [0.0] * sched.num_devices
-    for s, (lo, hi) in enumerate(partition.Boundaries(list(candidate.partition))):
-        device_bytes[sched.DeviceOf(s)] += sum(costs.weight_bytes[lo:hi])
+    device_bytes, device_weights = [0.0] * sched.num_devices, [0] * sched.num_devices
+    for s, (nbytes, number) in enumerate(costs.StageWeights(candidate.partition)):
+        device_bytes[sched.DeviceOf(s)] += nbytes
+        device_weights[sched.DeviceOf(s)] += number
     per_byte = (rates.apply_s_per_byte + rates.add_s_per_byte) * Contention(candidate, rates)
-    seconds = cost_model.OptimizerSeconds(device_bytes, per_byte) + rates.step_s
+    per_weight = rates.apply_s_per_weight + rates.add_s_per_weight
+    seconds = cost_model.OptimizerSeconds(device_bytes, per_byte, device_weights, per_weight)
+    seconds += rates.step_s
     if candidate.replicas > 1:
         r = candidate.replicas
         grads = max(device_bytes)
