@@ -324,9 +324,10 @@ def Calibrate(pipe_p, inputs, loss_fn, costs, rates, c, batch):
     return calibrate.FitProbes(probes)
 
 
-def ProfiledCosts(pipe_p, metas, batch: int, sizes: list):
-    """planner.ModelCosts per example of the cells (`metas`, costs.CellMetas), their
-    times profiled at `sizes` with B together on the second device."""
+def ProfiledCosts(pipe_p, metas, counts, batch: int, sizes: list):
+    """planner.ModelCosts per example of the cells (`metas`, costs.CellMetas; `counts`,
+    costs.WeightCounts), their times profiled at `sizes` with B together on the second
+    device."""
     from lingpipe.pipeline.planning import cell_times, planner
     from lingpipe.pipeline.planning import costs as costs_lib
 
@@ -334,7 +335,7 @@ def ProfiledCosts(pipe_p, metas, batch: int, sizes: list):
         flops=tuple(float(m.flops) / batch for m in metas),
         out_bytes=tuple(costs_lib.ShapeBytes(m.out_shapes) // batch for m in metas),
         weight_bytes=tuple(4 * int(m.num_params) for m in metas),
-        weight_counts=costs_lib.WeightCounts(pipe_p, pipe_p.cell_tpl),
+        weight_counts=counts,
         times=cell_times.Profile(
             pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes), sizes, partner=DEVICES[1]
         ),
@@ -362,10 +363,11 @@ def Child(model: str, cfg: dict, steps: int, threads: str = "intra1_inter2") -> 
     pipe_p, inputs, loss_fn = Model(model)
     batch = tf.nest.flatten(inputs)[0].shape[0]
     metas = costs_lib.CellMetas(pipe_p, pipe_p.cell_tpl, tuple(pipe_p.input_shapes))
+    counts = costs_lib.WeightCounts(pipe_p, pipe_p.cell_tpl)
     sizes = sorted({batch // 2 // max(cfg["micro_batches"]), batch // min(cfg["micro_batches"])})
 
     def Probe():
-        return planner.MeasureRates(DEVICES[0]), ProfiledCosts(pipe_p, metas, batch, sizes)
+        return planner.MeasureRates(DEVICES[0]), ProfiledCosts(pipe_p, metas, counts, batch, sizes)
 
     start = time.perf_counter()
     probes = [Probe()]

@@ -136,11 +136,12 @@ TITLES: dict[str, tuple[str, str, str]] = {
         "and `python -m lingpipe.plan` run with TensorFlow's default threads unless told "
         "otherwise (--intra_op_threads, --inter_op_threads): there the two CPU devices share "
         "the intra-op threads, and a large op alone runs on both cores. The same MLP grid, "
-        "measured so. `repeat` compares each configuration with a run of the same grid "
-        "before a replica's cells took their own contention (cost_model.CellTimes."
-        "Contention; every cell was slowed by the 512 x 512 matmuls' 1.8 then). The "
-        "K=2 rows are predicted by the same code in both runs: their differences, up to "
-        "26%, are the profile's spread from run to run under shared threads.",
+        "measured so. `repeat` compares each configuration's measured step with a run of "
+        "the same grid the same day, before the apply and the sums were costed per "
+        "weight too (the MLP has few weights: that moves its predictions by about 1%). "
+        "Two earlier runs of this grid, with the same code for the K=2 rows, predicted "
+        "the same configurations up to 26% apart: the profile's spread from run to run "
+        "under shared threads.",
         "python bench/plan.py --models=mlp --threads=default --no_plan100 "
         "--out=bench/results/plan_default_threads.json --against=FILE",
     ),

@@ -53,6 +53,7 @@ __all__ = [
     "SlotsPerWeight",
     "TraceNodes",
     "WeightBytes",
+    "WeightCounts",
 ]
 
 # Readers that need only a shape.
@@ -223,19 +224,29 @@ def _FloatArgs(graph: graph_lib.Graph, i: int) -> int:
     )  # fmt: skip
 
 
-def WeightBytes(graph: graph_lib.Graph, trainable: bool = False, count: bool = False) -> list[int]:
-    """Per node, the bytes of its layer's variables (or trainable ones; with `count`, their
-    number) where the layer is first called, 0 at its later calls and for keras.ops
-    operations."""
+def _FirstCallWeights(graph: graph_lib.Graph, trainable: bool) -> list[list]:
+    """Per node, its layer's variables (or trainable ones) where the layer is first
+    called, none at its later calls and for keras.ops operations."""
     seen: set = set()
     out = []
     for node in graph.nodes:
         first_use = node.is_layer and id(node.operation) not in seen
         seen.add(id(node.operation))
         weights = node.operation.trainable_weights if trainable else node.operation.weights
-        size = len(weights) if count else _VariableBytes(weights)
-        out.append(size if first_use else 0)
+        out.append(list(weights) if first_use else [])
     return out
+
+
+def WeightBytes(graph: graph_lib.Graph, trainable: bool = False) -> list[int]:
+    """Per node, the bytes of its layer's variables (or trainable ones) where the layer is
+    first called, 0 at its later calls and for keras.ops operations."""
+    return [_VariableBytes(w) for w in _FirstCallWeights(graph, trainable)]
+
+
+def WeightCounts(graph: graph_lib.Graph) -> list[int]:
+    """Per node, the number of its layer's trainable variables, counted as WeightBytes
+    counts their bytes (what the optimizer applies one by one)."""
+    return [len(w) for w in _FirstCallWeights(graph, trainable=True)]
 
 
 def TraceNodes(graph: graph_lib.Graph, where: str = "lingpipe.keras.Plan") -> list[NodeMemory]:

@@ -224,7 +224,7 @@ def ModelCosts(graph: graph_lib.Graph) -> planner.ModelCosts:
         flops=tuple(float(graph_lib.NodeFlops(n)) for n in graph.nodes),
         out_bytes=tuple(graph_lib.CutBytes(graph)),
         weight_bytes=tuple(graph_memory.WeightBytes(graph, trainable=True)),
-        weight_counts=tuple(graph_memory.WeightBytes(graph, trainable=True, count=True)),
+        weight_counts=tuple(graph_memory.WeightCounts(graph)),
     )
 
 
