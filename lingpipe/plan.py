@@ -26,6 +26,9 @@ micro-batch any candidate runs (lingpipe.pipeline.planning.cell_times).
                 (lingpipe.pipeline.planning.calibrate: the devices' scale, the fixed
                 cost per action and per step) and plans again with the fitted costs
 
+  --num_stages, --num_micro_batches, --schedule, --remat  search only these values, each
+                one or several, comma-separated (--num_stages=1,2 --schedule=1f1b,zbv),
+                as the trainer's flags of the same names restrict its --plan=auto
   --json=FILE   {"for": {"model", "devices", "global_batch", "memory_per_device"}, "plan":
                 {flag: value}, "predicted": {"step_seconds", "peak_bytes": [per device]},
                 "candidates": [...]}: what the trainer's --plan=FILE reads
@@ -470,6 +473,40 @@ def _CalibrateSteps(text: str | None) -> int:
     return int(text)
 
 
+# The search's restrictions on the command line: flag -> planner.Candidates' keyword.
+RESTRICTION_FLAGS = dict(
+    num_stages="stages", num_micro_batches="micro_batches", schedule="schedules", remat="remats"
+)
+
+
+def Restrictions(args: Any) -> dict:
+    """planner.Candidates' restrictions from the RESTRICTION_FLAGS given (module doc)."""
+    from lingpipe.pipeline.planning import planner
+
+    out: dict = {}
+    for flag, keyword in RESTRICTION_FLAGS.items():
+        text = getattr(args, flag)
+        if text is None:
+            continue
+        values = [v.strip() for v in text.split(",")]
+        if flag == "schedule":
+            known = dict.fromkeys(name for name, _ in planner.SCHEDULES)
+            if any(v not in known for v in values):
+                raise PlanError(f"--schedule={text}: expected one or more of {', '.join(known)}")
+            out[keyword] = [(n, v) for n, v in planner.SCHEDULES if n in values]
+        elif flag == "remat":
+            if any(v not in planner.REMAT for v in values):
+                raise PlanError(
+                    f"--remat={text}: expected one or more of {', '.join(planner.REMAT)}"
+                )
+            out[keyword] = values
+        else:
+            if not all(v.isdigit() and int(v) >= 1 for v in values):
+                raise PlanError(f"--{flag}={text}: expected numbers >= 1, comma-separated")
+            out[keyword] = [int(v) for v in values]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m lingpipe.plan", description=__doc__.split("\n\n")[0]
@@ -483,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--costs", default="auto", help="auto (profile where it fits), profile or flops"
     )
+    for flag in RESTRICTION_FLAGS:
+        ap.add_argument(f"--{flag}", default=None, help="search only these (comma-separated)")
     ap.add_argument(
         "--calibrate",
         nargs="?",
@@ -510,13 +549,14 @@ def main(argv: list[str] | None = None) -> int:
             cluster.SetLogicalCpuDevices(args.devices)  # without accelerators: CPU devices
         from lingpipe.pipeline.planning import planner
 
+        restrict = Restrictions(args)
         model = RegisteredModel(args.model, args.global_batch)
         rates = planner.MeasureRates()
-        result = Plan(model, args.devices, cap, rates, costs=args.costs)
+        result = Plan(model, args.devices, cap, rates, restrict, costs=args.costs)
         if steps:
             first = result.costs_note
             costs, rates, _, line = Calibrate(model, result, rates, args.devices, steps)
-            result = Plan(model, args.devices, cap, rates, costs=costs)
+            result = Plan(model, args.devices, cap, rates, restrict, costs=costs)
             result.costs_note = f"{first}; {line}"
     except PlanError as e:
         print(f"lingpipe.plan: {e}", file=sys.stderr)

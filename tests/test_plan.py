@@ -55,10 +55,11 @@ def test_a_plan_and_its_json(tmp_path):
 
 @pytest.mark.slow
 def test_verify_trains_the_top_plans_and_reads_what_the_trainer_measured(tmp_path):
-    # The pick here is two replicas without a pipeline (K=1, partition [4]): the trainer
-    # must take the plan's one-stage partition as it wrote it.
+    # The search restricted to K=1: two replicas without a pipeline (partition [4]).
+    # The trainer must take the plan's one-stage partition as it wrote it.
     out = tmp_path / "plan.json"
     flags = ["--devices=2", "--memory_per_device=48MiB", "--costs=flops", "--verify=1"]
+    flags.append("--num_stages=1")
     done = _Run(tmp_path, *flags, f"--json={out}")
     assert done.returncode == 0, done.stderr[-2000:]
     verified = json.loads(out.read_text())["verify"]
@@ -101,6 +102,10 @@ def test_verify_says_why_the_trainer_measured_nothing():
             "--calibrate=0: expected a number of steps >= 1",
         ),
         (
+            ["--devices=2", "--memory_per_device=1GiB", "--schedule=1f1b,1f2b"],
+            "--schedule=1f1b,1f2b: expected one or more of gpipe, 1f1b, zero_bubble,",
+        ),
+        (
             ["--devices=2", "--memory_per_device=1MiB", "--costs=flops"],
             "--memory_per_device=1.0 MiB: no plan of lm.TransformerLmTiny on 2 device(s) fits; "
             "the smallest needs",
@@ -114,6 +119,39 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, flags, 
     errors = [ln for ln in done.stderr.splitlines() if ln.startswith("lingpipe.plan:")]
     assert len(errors) == 1 and line in errors[0], done.stderr[-2000:]
     assert not out.exists()
+
+
+def test_the_search_takes_the_trainer_s_flags_as_restrictions():
+    import argparse
+
+    def Args(**given):
+        return argparse.Namespace(**{f: given.get(f) for f in plan.RESTRICTION_FLAGS})
+
+    assert plan.Restrictions(Args()) == {}
+    assert plan.Restrictions(
+        Args(
+            num_stages="1,2", num_micro_batches="4", schedule="1f1b,interleaved_1f1b", remat="never"
+        )
+    ) == dict(
+        stages=[1, 2],
+        micro_batches=[4],
+        schedules=[("1f1b", 1), ("interleaved_1f1b", 2)],
+        remats=["never"],
+    )
+    for given, line in [
+        (dict(num_stages="0"), "--num_stages=0: expected numbers >= 1, comma-separated"),
+        (dict(num_micro_batches="two"), "--num_micro_batches=two: expected numbers >= 1"),
+        (dict(remat="sometimes"), "--remat=sometimes: expected one or more of never, except_"),
+    ]:
+        with pytest.raises(plan.PlanError, match=line):
+            plan.Restrictions(Args(**given))
+    # Restricted: only what it allows is searched.
+    model = plan.RegisteredModel("lm.TransformerLmTiny", None)
+    rates = planner.Rates(flops_per_s=1e11, action_s=1e-5, bytes_per_s=1e10, latency_s=1e-5)
+    restrict = plan.Restrictions(Args(num_stages="2", schedule="zbv", remat="always"))
+    result = plan.Plan(model, 2, 2**30, rates, restrict, costs="flops")
+    for c in result.ranked:
+        assert (c.num_stages, c.schedule, c.remat) == (2, "zbv", "always")
 
 
 def test_flops_where_asked_and_where_a_cell_is_too_big_to_profile():

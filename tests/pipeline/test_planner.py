@@ -84,7 +84,7 @@ def test_the_flags_are_the_trainers():
 
 # Two cells of 1 s forward, 1 s inputs' gradient, 1 s weights' gradient (fixed, for any
 # micro-batch), 100 weight bytes each; one per stage.
-from lingpipe.pipeline.planning import calibrate, cost_model  # noqa: E402
+from lingpipe.pipeline.planning import calibrate, cost_model, device_rates  # noqa: E402
 from lingpipe.pipeline.schedules import generators, simulate  # noqa: E402
 
 ONE_SECOND = cost_model.CellTimes(((1.0, 0.0),) * 2, ((1.0, 0.0),) * 2, ((1.0, 0.0),) * 2)
@@ -335,10 +335,61 @@ def test_contention_is_the_least_reading_as_a_slowed_period_only_raises_one(monk
     # Readings of together / alone: 1.9 (the host's cores slowed for a while), 1.0,
     # 1.9. The least is the machine's.
     times = iter([1.0, 1.9, 1.0, 1.0, 1.0, 1.9])
-    monkeypatch.setattr(cost_model, "_Best", lambda fn, repeats: next(times))
+    monkeypatch.setattr(device_rates, "Best", lambda fn, repeats: next(times))
     devices = ["/device:CPU:0", "/device:CPU:1"]
-    assert cost_model.MeasureContention(devices, rounds=3, pause_s=0.0) == pytest.approx(1.0)
-    assert cost_model.MeasureContention(devices[:1]) == 1.0
+    assert device_rates.MeasureContention(devices, rounds=3, pause_s=0.0) == pytest.approx(1.0)
+    assert device_rates.MeasureContention(devices[:1]) == 1.0
+
+
+def test_a_transfer_is_a_crossing_inside_one_function_less_the_same_work_on_one_device(
+    monkeypatch,
+):
+    # Readings (seconds of a chain of 4 hops): one float across, one float on one
+    # device, 4 MiB across, 4 MiB on one device. The chains' own work and the
+    # function's call are in both readings of a size and cancel.
+    readings = iter([0.2 + 4 * 5e-6, 0.2, 0.5 + 4 * (5e-6 + 1e-3), 0.5])
+    monkeypatch.setattr(device_rates, "Best", lambda fn, repeats: next(readings))
+    bytes_per_s, latency_s = device_rates.MeasureTransfer("/device:CPU:0", "/device:CPU:1", hops=4)
+    assert latency_s == pytest.approx(5e-6)
+    assert bytes_per_s == pytest.approx(4 * 2**20 / 1e-3)
+    # Logical CPU devices hand a tensor over without copying it: 4 MiB cross no slower
+    # than a float. The bandwidth is then what a microsecond resolves, not infinite.
+    readings = iter([0.2 + 4 * 5e-6, 0.2, 0.5 + 4 * 4e-6, 0.5])
+    assert device_rates.MeasureTransfer("/device:CPU:0", "/device:CPU:1", hops=4) == (
+        pytest.approx(4 * 2**20 / 1e-6),
+        pytest.approx(5e-6),
+    )
+    # One device: nothing crosses, nothing is measured.
+    assert device_rates.MeasureTransfer("/device:CPU:0", "/device:CPU:0")[1] == 0.0
+
+
+def test_the_transfer_s_chain_crosses_at_every_hop_and_its_twin_never():
+    import tensorflow as tf
+
+    here, there = "/device:CPU:0", "/device:CPU:1"
+    x = tf.ones([1])
+    for cross, expected in ((True, [1, 0, 1, 0]), (False, [0, 0, 0, 0])):
+        chain = device_rates._Chain(here, there, 4, cross)  # noqa: SLF001
+        ops = chain.get_concrete_function(x, x).graph.get_operations()
+        placed = [tf.DeviceSpec.from_string(op.device) for op in ops if op.type == "Mul"]
+        assert [(p.device_type, p.device_index) for p in placed] == [("CPU", i) for i in expected]
+
+
+def test_measured_rates_take_the_transfer_inside_a_step_not_a_function_s_call(monkeypatch):
+    # The latency once read a whole function's call (about 0.2 ms here), where a
+    # step's crossings are ops inside one call (a few microseconds): the MLP's K=2
+    # rows at M=16 were predicted 4 ms over by it.
+    for name, value in dict(
+        MeasureFlopsPerSecond=1e11, MeasureActionSeconds=1e-5, MeasureApplySecondsPerByte=1e-9,
+        MeasureAddSecondsPerByte=1e-10, MeasureContention=1.5,
+        MeasureTransfer=(3e10, 4e-6), MeasureWeightSeconds=(2e-5, 1e-6),
+    ).items():  # fmt: skip
+        monkeypatch.setattr(device_rates, name, lambda *a, v=value, **k: v)
+    rates = planner.MeasureRates()
+    assert (rates.bytes_per_s, rates.latency_s) == (3e10, 4e-6)
+    assert (rates.flops_per_s, rates.action_s, rates.contention) == (1e11, 1e-5, 1.5)
+    assert (rates.apply_s_per_byte, rates.add_s_per_byte) == (1e-9, 1e-10)
+    assert (rates.apply_s_per_weight, rates.add_s_per_weight) == (2e-5, 1e-6)
 
 
 def test_the_screen_says_when_nothing_was_refused():

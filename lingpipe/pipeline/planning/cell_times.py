@@ -13,7 +13,7 @@ tf.functions, each traced once: one runs the kind once, the other `copies` times
 row, each copy waiting for the last one's results, and each returns one float. Their
 difference over copies - 1 is the kind as it runs inside a step, without a call's own
 cost and the copying of its arguments and results (those are the action's,
-cost_model.MeasureActionSeconds). I is the second kind less F, W the third less F, B
+device_rates.MeasureActionSeconds). I is the second kind less F, W the third less F, B
 (both in one action, CellTimes.backward) the fourth less F. Each time is the median of
 `repeats` (as a step's time is measured), after a warm-up; a kind that takes LONG_S or
 more once is timed once (the call is under 1% of it). Per kind and cell a line
@@ -28,7 +28,7 @@ together measured 19 ms where I + W came to 35 ms), and the host's threads are s
 How much slower a cell computes beside another device depends on its size and on the
 host's threads: on two CPU cores with one thread per device, the F of a 512-wide MLP's
 cells took 1.8x as long beside their copies at 16 examples and 1.0x at 256; under
-TensorFlow's default threads, 512 x 512 matmuls (cost_model.MeasureContention) took
+TensorFlow's default threads, 512 x 512 matmuls (device_rates.MeasureContention) took
 1.8x. One factor for every cell cannot say both: CellTimes.Contention reads each
 cell's own.
 """
@@ -117,7 +117,7 @@ def UnitSeconds(
     Each kind is timed as it runs inside a step: one function runs it once, another
     `copies` times in a row (each copy waits for the last one's results), and the
     difference over copies - 1 is one run without the call, its arguments and its
-    results (those are the action's, cost_model.MeasureActionSeconds). A kind that
+    results (those are the action's, device_rates.MeasureActionSeconds). A kind that
     takes LONG_S or more once is that once."""
     out = run(*args)
     units = [(run, list(weights), args, None)]

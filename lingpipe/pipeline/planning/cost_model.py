@@ -51,12 +51,9 @@ weights pays more than its bytes say.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from lingpipe.pipeline.planning import partition
-from lingpipe.pipeline.schedules import simulate
 from lingpipe.pipeline.schedules.schedule import (
     BACKWARD,
     BACKWARD_INPUT,
@@ -72,11 +69,6 @@ __all__ = [
     "FitLine",
     "FlopTimes",
     "Line",
-    "MeasureActionSeconds",
-    "MeasureAddSecondsPerByte",
-    "MeasureApplySecondsPerByte",
-    "MeasureContention",
-    "MeasureWeightSeconds",
     "OptimizerSeconds",
 ]
 
@@ -273,172 +265,3 @@ def OptimizerSeconds(
         b * apply_s_per_byte + n * apply_s_per_weight for b, n in zip(device_weight_bytes, number)
     ]
     return max(per_device, default=0.0)
-
-
-def _Best(fn: Callable[[], Any], repeats: int) -> float:
-    fn()  # trace and warm up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def MeasureActionSeconds(devices: Sequence[str], repeats: int = 7) -> float:
-    """The fixed cost of one action, measured on lingpipe's executor (module doc): a
-    1F1B pipeline of one tiny matmul per stage over `devices` (1 or 2 of them), at 2
-    and 10 micro-batches of one example."""
-    import tensorflow as tf
-
-    from lingpipe.nested_map import NestedMap
-    from lingpipe.pipeline.schedules import generators
-    from lingpipe.pipeline.step import executor, stage_context
-
-    devices = list(devices)[:2]
-    k = len(devices)
-    weights = []
-    for d in devices:
-        with tf.device(d):
-            weights.append(tf.Variable(tf.eye(4)))
-    stages = [executor.Stage([w], lambda ws, x: tf.matmul(x, ws[0])) for w in weights]
-
-    def Loss(outputs: Any, _: Any) -> NestedMap:
-        return NestedMap(loss=(tf.reduce_sum(outputs), 1.0))
-
-    def StepSeconds(m: int) -> tuple[float, float]:
-        sched = generators.Make("1f1b" if k > 1 else "gpipe", k, m)
-        x = [tf.ones([1, 4]) for _ in range(m)]
-
-        @tf.function(autograph=False)
-        def Step() -> Any:
-            r = executor.Run(
-                sched, stages, x, Loss, [None] * m, keep=set(),
-                context=lambda s, mb: stage_context.StageContext(devices[sched.DeviceOf(s)]),
-            )  # fmt: skip
-            return r.metrics.loss[0], r.weight_grads
-
-        seconds = _Best(lambda: tf.nest.map_structure(lambda t: t.numpy(), Step()), repeats)
-        units = simulate.Simulate(sched, {FORWARD: 1.0, BACKWARD: 1.0}).makespan
-        return seconds, units
-
-    (t2, u2), (t10, u10) = StepSeconds(2), StepSeconds(10)
-    return max(0.0, (t10 - t2) / (u10 - u2))
-
-
-def MeasureAddSecondsPerByte(device: str, repeats: int = 5) -> float:
-    """Seconds per weight byte of adding a micro-batch's gradient to a running sum (what
-    the executor does per micro-batch and weight), on a 1M-element weight, less the
-    call of a function that does nothing."""
-    import tensorflow as tf
-
-    with tf.device(device):
-        a = tf.random.stateless_normal([1024, 1024], [1, 2])
-        b = tf.random.stateless_normal([1024, 1024], [3, 4])
-        small = tf.zeros([1])
-
-    add = tf.function(lambda: (a + b)[0, 0], autograph=False)
-    empty = tf.function(lambda: small + 1.0, autograph=False)
-    seconds = _Best(lambda: add().numpy(), repeats) - _Best(lambda: empty().numpy(), repeats)
-    return max(seconds, 0.0) / (4 * 1024 * 1024)
-
-
-def MeasureWeightSeconds(device: str, repeats: int = 5, weights: int = 64) -> tuple[float, float]:
-    """(apply, add): seconds per weight (per variable), beside its bytes, of lingpipe's
-    Adam apply and of adding a gradient to a running sum. Each weight runs ops of its
-    own, and each op has a cost of its own that its bytes do not say: the tiny LM's 37
-    weights (0.5 MiB) took 1.1 ms to apply where their bytes at the per-byte rate came
-    to 0.24 ms. Timed on `weights` weights of 16 floats less on one, over weights - 1
-    (the call and the bytes cancel)."""
-    import tensorflow as tf
-
-    from lingpipe import optimizers
-
-    with tf.device(device):
-        variables = [tf.Variable(tf.zeros([16])) for _ in range(weights)]
-        grads = [tf.ones([16]) + float(i) for i in range(weights)]
-    opt = optimizers.Adam.Params().Instantiate()
-    opt.Build(variables)
-
-    def Applied(n: int) -> Callable[[], Any]:
-        @tf.function(autograph=False)
-        def Fn() -> Any:
-            return opt.Apply(grads[:n], variables[:n], learning_rate=1e-3)
-
-        return lambda: Fn().numpy()
-
-    def Summed(n: int) -> Callable[[], Any]:
-        @tf.function(autograph=False)
-        def Fn() -> Any:
-            with tf.device(device):
-                sums = [g + h for g, h in zip(grads[:n], grads[1 : n + 1] + grads[:1])]
-                return tf.add_n(sums)[0]
-
-        return lambda: Fn().numpy()
-
-    def PerWeight(fn: Callable[[int], Callable[[], Any]]) -> float:
-        many, one = _Best(fn(weights), repeats), _Best(fn(1), repeats)
-        return max(many - one, 0.0) / (weights - 1)
-
-    return PerWeight(Applied), PerWeight(Summed)
-
-
-def MeasureContention(
-    devices: Sequence[str], repeats: int = 5, rounds: int = 5, pause_s: float = 0.2
-) -> float:
-    """How much slower one device computes while every one of `devices` computes too:
-    a chain of four 512 x 512 matmuls on all of them at once (one tf.function), over
-    the same on the first alone; at least 1. Logical devices that share a host's cores
-    give up to their number; devices with their own (GPUs) about 1. The least of
-    `rounds` readings `pause_s` apart: a shared VM's cores are at times slowed for a
-    while (a reading of 1.9 where the steps then ran at 1.0 was seen), which only
-    raises a reading."""
-    import tensorflow as tf
-
-    devices = list(dict.fromkeys(devices))
-    if len(devices) < 2:
-        return 1.0
-    starts = []
-    for i, d in enumerate(devices):
-        with tf.device(d):
-            starts.append(tf.random.stateless_normal([512, 512], [i, 7]) / 512.0)
-
-    def Chain(d: str, x: Any) -> Any:
-        with tf.device(d):
-            for _ in range(4):
-                x = tf.matmul(x, x)
-            return x[0, 0]
-
-    one = tf.function(lambda: Chain(devices[0], starts[0]), autograph=False)
-    every = tf.function(
-        lambda: tf.add_n([Chain(d, x) for d, x in zip(devices, starts)]), autograph=False
-    )
-    readings = []
-    for r in range(rounds):
-        if r:
-            time.sleep(pause_s)
-        alone = _Best(lambda: one().numpy(), repeats)
-        together = _Best(lambda: every().numpy(), repeats)
-        readings.append(together / max(alone, 1e-9))
-    return min(max(min(readings), 1.0), float(len(devices)))
-
-
-def MeasureApplySecondsPerByte(device: str, repeats: int = 5) -> float:
-    """Seconds per weight byte of lingpipe's Adam apply (slots built first), on a
-    1M-element weight."""
-    import tensorflow as tf
-
-    from lingpipe import optimizers
-
-    with tf.device(device):
-        var = tf.Variable(tf.zeros([1024, 1024]))
-        grad = tf.ones([1024, 1024])
-    opt = optimizers.Adam.Params().Instantiate()
-    opt.Build([var])
-
-    @tf.function(autograph=False)
-    def Apply() -> Any:
-        opt.Apply([grad], [var], learning_rate=1e-3)
-        return var.read_value()[0, 0]
-
-    return _Best(lambda: Apply().numpy(), repeats) / (4 * 1024 * 1024)

@@ -34,11 +34,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lingpipe.pipeline.planning import cost_model, partition
+from lingpipe.pipeline.planning import cost_model, device_rates, partition
 from lingpipe.pipeline.schedules import generators, simulate
 from lingpipe.pipeline.step import settings
 
@@ -90,7 +89,7 @@ class Rates:
     cost of a step beyond its actions (0 until a calibration with two or more probes
     measures it, lingpipe.pipeline.planning.calibrate), and the apply's and the
     addition's own cost per weight (per variable, beside its bytes: the ops each
-    weight runs, cost_model.MeasureWeightSeconds)."""
+    weight runs, device_rates.MeasureWeightSeconds)."""
 
     flops_per_s: float
     action_s: float
@@ -195,53 +194,30 @@ class Result:
 
 
 def MeasureRates(device: str | None = None) -> Rates:
-    """This machine's rates, measured in a few seconds: a 512 x 512 matmul's FLOPs per
-    second, the executor's fixed cost per action (cost_model.MeasureActionSeconds), a
-    4 MiB copy between two devices (the same device when there is one), Adam's apply
-    and a sum's addition per weight byte and per weight (cost_model.MeasureWeightSeconds),
-    and the contention of every device computing at once (cost_model.MeasureContention)."""
+    """This machine's rates, measured in a few seconds (lingpipe.pipeline.planning.
+    device_rates): a 512 x 512 matmul's FLOPs per second, the executor's fixed cost per
+    action, a tensor's crossing between two devices inside a step (latency and
+    bandwidth; none where there is one device), Adam's apply and a sum's addition per
+    weight byte and per weight, and the contention of every device computing at once."""
     import tensorflow as tf
 
     devices = [d.name for d in tf.config.list_logical_devices()]
     gpus = [d for d in devices if "GPU" in d or "TPU" in d]
     here = device or (gpus or devices)[0]
     there = ([d for d in (gpus or devices) if d != here] or [here])[0]
-
-    def Best(fn: Callable[[], Any], repeats: int = 5) -> float:
-        fn()  # trace and warm up
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    with tf.device(here):
-        a = tf.random.stateless_normal([512, 512], [1, 2])
-        small = tf.zeros([1])
-    matmul = tf.function(lambda: tf.matmul(a, a))
-    flops = 2 * 512**3 / Best(lambda: matmul().numpy())
-    trivial = tf.function(lambda: small + 1.0)
-    call = Best(lambda: trivial().numpy())
-    with tf.device(here):
-        block = tf.zeros([1024, 1024])
-
-    @tf.function
-    def Copy() -> Any:
-        with tf.device(there):
-            return tf.identity(block) + 0.0
-
-    copy_s = Best(lambda: Copy().numpy())
-    action = cost_model.MeasureActionSeconds([here] if here == there else [here, there])
-    apply = cost_model.MeasureApplySecondsPerByte(here)
-    add = cost_model.MeasureAddSecondsPerByte(here)
-    apply_per_weight, add_per_weight = cost_model.MeasureWeightSeconds(here)
-    contention = cost_model.MeasureContention(gpus or devices)
-    bandwidth = 4 * 2**20 / max(copy_s - call, 1e-9)
+    bytes_per_s, latency_s = device_rates.MeasureTransfer(here, there)
+    apply_per_weight, add_per_weight = device_rates.MeasureWeightSeconds(here)
     return Rates(
-        flops, action, bandwidth, call, apply, add, contention,
-        apply_s_per_weight=apply_per_weight, add_s_per_weight=add_per_weight,
-    )  # fmt: skip
+        flops_per_s=device_rates.MeasureFlopsPerSecond(here),
+        action_s=device_rates.MeasureActionSeconds([here] if here == there else [here, there]),
+        bytes_per_s=bytes_per_s,
+        latency_s=latency_s,
+        apply_s_per_byte=device_rates.MeasureApplySecondsPerByte(here),
+        add_s_per_byte=device_rates.MeasureAddSecondsPerByte(here),
+        contention=device_rates.MeasureContention(gpus or devices),
+        apply_s_per_weight=apply_per_weight,
+        add_s_per_weight=add_per_weight,
+    )
 
 
 def CellTimesOf(costs: ModelCosts, rates: Rates) -> cost_model.CellTimes:
