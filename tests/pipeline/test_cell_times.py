@@ -34,31 +34,51 @@ def test_the_profile_has_a_line_per_cell_and_kind_and_with_a_partner_b_together(
     assert times.forward_together == ()
 
 
-def test_a_long_kind_is_timed_once_and_a_short_one_as_copies_less_one(monkeypatch):
+def test_a_long_forward_is_timed_once_and_a_short_one_as_copies_less_one(monkeypatch):
     from lingpipe.layers import linear as linear_lib
 
     cell = linear_lib.ProjectionLayer.Params().Set(name="p", input_dims=4, output_dims=4)
     cell = cell.Instantiate()
     x = tf.ones([2, 4])
-    calls = []
-
-    def Reading(seconds_once):
-        def Median(fn, repeats):
-            calls.append(fn)
-            # The first timing of each kind is the single run; the second, 4 copies.
-            return seconds_once if len(calls) % 2 else 4 * seconds_once - 0.003
-
-        return Median
-
-    monkeypatch.setattr(cell_times, "_Median", Reading(0.05))
     run = lambda *a: cell.FProp(cell.theta, *a)  # noqa: E731
+    pairs = []
+
+    def Readings(once, differences):
+        monkeypatch.setattr(cell_times, "_Median", lambda fn, repeats: once)
+        left = iter(differences)
+
+        def Paired(first, second, repeats):
+            pairs.append((first, second))
+            return next(left)
+
+        monkeypatch.setattr(cell_times, "_PairedDifference", Paired)
+
+    # F of 50 ms once: each gradient kind once, less F once, in pairs.
+    Readings(0.05, [0.02, 0.03, 0.045])
     (f, i, w, b), _ = cell_times.UnitSeconds(run, cell.trainable_variables, (x,), repeats=1)
-    assert f == 0.05 and len(calls) == 4  # one timing per kind: F, I, W, B
-    calls.clear()
-    monkeypatch.setattr(cell_times, "_Median", Reading(0.002))
+    assert (f, i, w, b) == (0.05, 0.02, 0.03, 0.045)
+    assert len(pairs) == 3 and len({id(second) for _, second in pairs}) == 1  # all less F once
+    pairs.clear()
+    # F of 2 ms once: 4 copies less one, over 3 (the call and copying cancelled); each
+    # gradient kind's 4 copies less F's 4, over 4: what the gradients add.
+    Readings(0.002, [0.003, 0.004, 0.008, 0.012])
     (f, i, w, b), _ = cell_times.UnitSeconds(run, cell.trainable_variables, (x,), repeats=1)
-    # (4 x 2 ms - 3 ms - 2 ms) / 3: the 1 ms of call and copying cancelled.
-    assert f == pytest.approx(0.001) and len(calls) == 8
+    assert (f, i, w, b) == pytest.approx((0.001, 0.001, 0.002, 0.003))
+    forward_copies = pairs[0][0]
+    assert len(pairs) == 4 and all(second is forward_copies for _, second in pairs[1:])
+
+
+def test_each_difference_is_of_readings_taken_in_pairs(monkeypatch):
+    # The two functions run in turn, so that a slow spell of the machine slows both
+    # readings of a pair: here the third pair's first reading is 0.5 s slower, and the
+    # median of the pairs' differences leaves it out.
+    calls = []
+    first, second = (lambda: calls.append("first")), (lambda: calls.append("second"))
+    clock = iter([0.0, 0.2, 0.2, 0.3, 0.3, 0.5, 0.5, 0.6, 1.0, 1.7, 1.7, 1.8])
+    monkeypatch.setattr(cell_times.time, "perf_counter", lambda: next(clock))
+    difference = cell_times._PairedDifference(first, second, repeats=3)  # noqa: SLF001
+    assert difference == pytest.approx(0.1)
+    assert calls == ["first", "second"] * 4  # a warm-up of each, then three pairs
 
 
 def test_cells_alike_are_profiled_once_and_each_keeps_its_line(monkeypatch):
@@ -98,18 +118,21 @@ def test_b_together_runs_a_copy_on_each_device_each_reading_its_own_weights(monk
         x1 = tf.ones([2, 4])
     here, here_w = Unit("here")
     timed = []
-    # F once, F as 4 copies, B once, B as 4 copies: F 1 ms a copy, B 3 ms (B less F: 2).
-    readings = iter([0.001, 0.004, 0.002, 0.011])
+    # F once (2 ms); F as 4 copies less F once (3 ms: 1 ms a copy); B as 4 copies less
+    # F as 4 copies (8 ms: B less F, 2 ms a copy).
+    monkeypatch.setattr(cell_times, "_Median", lambda fn, repeats: timed.append(fn()) or 0.002)
+    readings = iter([0.003, 0.008])
     monkeypatch.setattr(
-        cell_times, "_Median", lambda fn, repeats: timed.append(fn()) or next(readings)
+        cell_times,
+        "_PairedDifference",
+        lambda first, second, repeats: timed.extend([first(), second()]) or next(readings),
     )
     units = [(here, here_w, (tf.ones([2, 4]),), None), (there, there_w, (x1,), "/device:CPU:1")]
     forward, backward = cell_times.TogetherSeconds(units, repeats=1)
     assert (forward, backward) == pytest.approx((0.001, 0.002))  # F so, and B so less F
-    # B and F, each once and as copies: four traced functions, each running both units.
-    assert len(timed) == 4
+    # F once, F as copies, B as copies: three traced functions, each running both units.
     names = [name for name, _, _ in placed]
-    assert names.count("here") == names.count("there") == 2 * (1 + 4)
+    assert names.count("here") == names.count("there") == 1 + 4 + 4
     assert {d for n, d, _ in placed if n == "there"} == {"/device:CPU:1"}
     assert {d for n, d, _ in placed if n == "here"} == {""}  # the default device
     assert all("CPU:1" in w for n, _, w in placed if n == "there")

@@ -8,15 +8,17 @@ in memory at a time); cells alike (the same params on inputs of the same shapes,
 stack's repeated layers) are profiled once. Per micro-batch size n of `sizes`, per cell
 and per kind (the forward, F; the forward and the gradient of its floating-point inputs;
 the forward and the gradient of its weights, made dense as the executor's sum makes an
-embedding's, lingpipe.pipeline.step.gradient_sums; the forward and both gradients), two
-tf.functions, each traced once: one runs the kind once, the other `copies` times in a
-row, each copy waiting for the last one's results, and each returns one float. Their
-difference over copies - 1 is the kind as it runs inside a step, without a call's own
-cost and the copying of its arguments and results (those are the action's,
-device_rates.MeasureActionSeconds). I is the second kind less F, W the third less F, B
-(both in one action, CellTimes.backward) the fourth less F. Each time is the median of
-`repeats` (as a step's time is measured), after a warm-up; a kind that takes LONG_S or
-more once is timed once (the call is under 1% of it). Per kind and cell a line
+embedding's, lingpipe.pipeline.step.gradient_sums; the forward and both gradients),
+tf.functions, each traced once, that run the kind `copies` times in a row, each copy
+waiting for the last one's results, and return one float; and F once. F is its copies
+less its one run, over copies - 1: the forward as it runs inside a step, without a
+call's own cost and the copying of its arguments and results (those are the action's,
+device_rates.MeasureActionSeconds). I is the second kind's copies less F's, over
+copies; W the third's, B (both in one action, CellTimes.backward) the fourth's. Each
+difference is the median of `repeats` pairs of the two functions timed one right
+after the other, after a warm-up: a slow spell of a shared machine then slows both
+readings of a pair alike. A cell whose F takes LONG_S or more once is timed once per
+kind (the call is under 1% of it). Per kind and cell a line
 `fixed + per_example * n` through the sizes (cost_model.FitLine).
 
 With `partner` (a second device, Partner()), each cell is also built there, and F and B
@@ -59,12 +61,7 @@ __all__ = [
 
 def _Median(fn: Callable[[], Any], repeats: int) -> float:
     fn()  # trace and warm up
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, fn())
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+    return statistics.median(_Seconds(fn) for _ in range(repeats))
 
 
 def Dense(grads: Sequence[Any]) -> list:
@@ -114,50 +111,42 @@ def UnitSeconds(
     """((F, I, W, B) seconds of `run(*args)`, a unit of the model (a cell, a Keras layer
     call) whose trainable variables are `weights`; its outputs).
 
-    Each kind is timed as it runs inside a step: one function runs it once, another
-    `copies` times in a row (each copy waits for the last one's results), and the
-    difference over copies - 1 is one run without the call, its arguments and its
-    results (those are the action's, device_rates.MeasureActionSeconds). A kind that
-    takes LONG_S or more once is that once."""
+    Each kind is timed as it runs inside a step (_Kinds): F as `copies` runs in a row in
+    one function less one run (each copy waits for the last one's results), without
+    the call, its arguments and its results (those are the action's,
+    device_rates.MeasureActionSeconds); I, W and B each as the kind's copies less F's,
+    what the gradients add to the forward. A unit whose F takes LONG_S or more once
+    is timed once per kind."""
     out = run(*args)
     units = [(run, list(weights), args, None)]
     has_floats = any(t.dtype.is_floating for t in tf.nest.flatten(args))
-    t_f = _Timed(units, "F", repeats, copies)
-    t_i = _Timed(units, "I", repeats, copies) if has_floats else t_f
-    t_w = _Timed(units, "W", repeats, copies) if weights else t_f
-    t_b = _Timed(units, "B", repeats, copies) if has_floats and weights else t_i + t_w - t_f
-    return (t_f, max(0.0, t_i - t_f), max(0.0, t_w - t_f), max(0.0, t_b - t_f)), out
+    kinds = ["I"] * has_floats + ["W"] * bool(weights) + ["B"] * (has_floats and bool(weights))
+    forward, beyond = _Kinds(units, kinds, repeats, copies)
+    i, w = beyond.get("I", 0.0), beyond.get("W", 0.0)
+    return (forward, i, w, beyond.get("B", i + w)), out
 
 
 def TogetherSeconds(units: Sequence[tuple], repeats: int, copies: int = 4) -> tuple[float, float]:
     """(F, B) seconds of a unit while each of `units`, (run, weights, args, device):
     copies of one unit, each with its own weights and inputs on its device, runs it at
     once (module doc): its forward so, and its both gradients (B so less F so), each
-    timed as UnitSeconds times a kind."""
-    forward = _Timed(units, "F", repeats, copies)
-    return forward, max(0.0, _Timed(units, "B", repeats, copies) - forward)
+    timed as UnitSeconds times them."""
+    forward, beyond = _Kinds(units, ["B"], repeats, copies)
+    return forward, beyond["B"]
 
 
-def _Once(run: Callable[..., Any], weights: list, kind: str, inputs: tuple) -> list:
-    """`kind` of the unit `run` once on `inputs`: its outputs (F) or its gradients."""
-    flat = [t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
-    with tf.GradientTape() as tape:
-        tape.watch(flat)
-        y = run(*inputs)
-    ys = [o for o in tf.nest.flatten(y) if o.dtype.is_floating]
-    if kind == "F" or not ys:
-        return tf.nest.flatten(y)
-    picked = {"I": flat, "W": weights, "B": flat + weights}[kind]
-    dys = [tf.ones_like(o) for o in ys]
-    grads = tape.gradient(ys, picked, output_gradients=dys) if picked else []
-    return Dense([g for g in grads if g is not None]) or tf.nest.flatten(y)
+def _Kinds(
+    units: Sequence[tuple], kinds: Sequence[str], repeats: int, copies: int
+) -> tuple[float, dict[str, float]]:
+    """(F's seconds, {kind: its seconds beyond F} for `kinds` of I, W, B), every unit
+    (run, weights, args, device or None) running each at once (UnitSeconds).
 
+    Every difference is of two functions timed in pairs, one right after the other
+    (_PairedDifference): a kind less F, not each timed on its own and subtracted
+    after. A layer's B less F, so subtracted, read from 0.2 to 9 ms over four profiles
+    in one process under TensorFlow's default threads; in pairs, 5 to 7 ms."""
 
-def _Timed(units: Sequence[tuple], kind: str, repeats: int, copies: int) -> float:
-    """Seconds of `kind` run by every unit (run, weights, args, device or None) at once,
-    as it runs inside a step (UnitSeconds)."""
-
-    def Run(n: int) -> Callable[[], Any]:
+    def Run(kind: str, n: int) -> Callable[[], Any]:
         @tf.function(autograph=False)
         def Fn(*all_args: Any) -> Any:
             kept: list = []
@@ -173,11 +162,45 @@ def _Timed(units: Sequence[tuple], kind: str, repeats: int, copies: int) -> floa
 
         return lambda: Fn(*[args for _, _, args, _ in units])
 
-    one = _Median(Run(1), repeats)
-    if one >= LONG_S:
-        return one  # a call's own cost is under 1% of it: no copies needed
-    many = _Median(Run(copies), repeats)
-    return max(0.0, (many - one) / (copies - 1))
+    one = Run("F", 1)
+    alone = _Median(one, repeats)
+    if alone >= LONG_S:  # a call's own cost is under 1% of it: no copies needed
+        return alone, {k: max(0.0, _PairedDifference(Run(k, 1), one, repeats)) for k in kinds}
+    many = Run("F", copies)
+    forward = max(0.0, _PairedDifference(many, one, repeats) / (copies - 1))
+    beyond = {k: max(0.0, _PairedDifference(Run(k, copies), many, repeats) / copies) for k in kinds}
+    return forward, beyond
+
+
+def _PairedDifference(first: Callable[[], Any], second: Callable[[], Any], repeats: int) -> float:
+    """The median over `repeats` pairs of `first`'s seconds less `second`'s, timed one
+    right after the other (after a call of each to trace and warm it up). A shared
+    machine's slow spells last longer than a pair, so both readings of a pair see the
+    same speed."""
+    first()
+    second()
+    return statistics.median(_Seconds(first) - _Seconds(second) for _ in range(repeats))
+
+
+def _Seconds(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, fn())
+    return time.perf_counter() - start
+
+
+def _Once(run: Callable[..., Any], weights: list, kind: str, inputs: tuple) -> list:
+    """`kind` of the unit `run` once on `inputs`: its outputs (F) or its gradients."""
+    flat = [t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
+    with tf.GradientTape() as tape:
+        tape.watch(flat)
+        y = run(*inputs)
+    ys = [o for o in tf.nest.flatten(y) if o.dtype.is_floating]
+    if kind == "F" or not ys:
+        return tf.nest.flatten(y)
+    picked = {"I": flat, "W": weights, "B": flat + weights}[kind]
+    dys = [tf.ones_like(o) for o in ys]
+    grads = tape.gradient(ys, picked, output_gradients=dys) if picked else []
+    return Dense([g for g in grads if g is not None]) or tf.nest.flatten(y)
 
 
 def Partner() -> str | None:
