@@ -37,14 +37,14 @@ the device's factor: its cells' readings beside a copy put the MLP's K=2 rows at
 28% to 71% over their measured step, where the device's factor has them within 14%.
 planner.PredictSeconds passes it for replicas, which always compute together; a
 pipeline's stages are costed uncontended and their overlap stretched afterwards.
-The fixed cost of an action (`MeasureActionSeconds`) is measured on the executor itself:
+The fixed cost of an action (device_rates.MeasureActionSeconds) is measured on the executor itself:
 steps of a pipeline of tiny stages at two numbers of micro-batches, whose difference
 over the difference of the simulated unit-cost makespans is the cost of one action.
 The step adds what is not an action: the sums' final scaling (1 / the micro-batches'
 weight, one pass over the weight bytes) and the optimizer's apply (its weights' bytes
 at a measured rate), each device its own in parallel, and, with replicas, the
 all-reduce. The apply and every addition to a sum also cost a fixed time per weight
-(per variable: its ops' own cost, `MeasureWeightSeconds`), which a model of many small
+(per variable: its ops' own cost, device_rates.MeasureWeightSeconds), which a model of many small
 weights pays more than its bytes say.
 """
 

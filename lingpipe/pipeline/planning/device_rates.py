@@ -47,10 +47,9 @@ def Best(fn: Callable[[], Any], repeats: int = 5) -> float:
 
 
 def MeasureActionSeconds(devices: Sequence[str], repeats: int = 7) -> float:
-    """The fixed cost of one action, measured on lingpipe's executor
-    (lingpipe.pipeline.planning.cost_model's module doc): a
-    1F1B pipeline of one tiny matmul per stage over `devices` (1 or 2 of them), at 2
-    and 10 micro-batches of one example."""
+    """The fixed cost of one action, measured on lingpipe's executor (cost_model's module
+    doc): a 1F1B pipeline of one tiny matmul per stage over `devices` (1 or 2 of them),
+    at 2 and 10 micro-batches of one example."""
     import tensorflow as tf
 
     from lingpipe.nested_map import NestedMap
