@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ import tensorflow as tf
 
 from lingpipe import base_layer, hyperparams
 from lingpipe.nested_map import NestedMap
+from lingpipe.pipeline.planning import device_rates
 from lingpipe.pipeline.step import settings
 
 __all__ = [
@@ -138,15 +138,6 @@ def _Floats(structure: Any) -> list:
     return [t for t in tf.nest.flatten(structure) if t.dtype.is_floating]
 
 
-def _Best(run: Callable[[], Any], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tf.nest.map_structure(lambda t: t.numpy(), run())  # waits for the results
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def TimeUnit(
     call: Callable[..., Any], inputs: tuple, variables: Sequence[Any], repeats: int = 3
 ) -> tuple[UnitTimes, Any]:
@@ -169,10 +160,12 @@ def TimeUnit(
             loss = tf.add_n([tf.reduce_sum(o) for o in _Floats(out)] or [tf.constant(0.0)])
         return tape.gradient(loss, list(variables) + floats, unconnected_gradients="zero")
 
-    outputs = Forward(*inputs)  # trace and warm up
-    ForwardBackward(*inputs)
-    forward = _Best(lambda: Forward(*inputs), repeats)
-    both = _Best(lambda: ForwardBackward(*inputs), repeats)
+    def Waited(fn: Callable[..., Any]) -> Callable[[], Any]:
+        return lambda: tf.nest.map_structure(lambda t: t.numpy(), fn(*inputs))
+
+    outputs = Forward(*inputs)
+    forward = device_rates.Best(Waited(Forward), repeats)  # each traced and warmed up first
+    both = device_rates.Best(Waited(ForwardBackward), repeats)
     return UnitTimes(forward, max(both - forward, 0.0)), outputs
 
 
