@@ -493,7 +493,7 @@ def Restrictions(args: Any) -> dict:
             known = dict.fromkeys(name for name, _ in planner.SCHEDULES)
             if any(v not in known for v in values):
                 raise PlanError(f"--schedule={text}: expected one or more of {', '.join(known)}")
-            out[keyword] = [(n, v) for n, v in planner.SCHEDULES if n in values]
+            out[keyword] = list(planner.SchedulesNamed(values))
         elif flag == "remat":
             if any(v not in planner.REMAT for v in values):
                 raise PlanError(

@@ -191,7 +191,7 @@ def _Schedules(names: Any, where: str) -> tuple:
         return planner.SCHEDULES
     known = tuple(s for s in generators.SCHEDULES if s != "forward_only")
     picked = _Values(names, "schedules", where, lambda s: s in known, f"one of {known}")
-    return tuple((s, 2 if s in generators.VIRTUAL else 1) for s in picked)
+    return planner.SchedulesNamed(picked)
 
 
 def _Candidates(n: int, num_nodes: int, batch: int, r: dict, where: str) -> list:

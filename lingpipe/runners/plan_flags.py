@@ -241,10 +241,7 @@ def Restrictions(flags: Any) -> dict:
         out["remats"] = [flags.remat]
     if flags["schedule"].present:
         v = flags.num_virtual_stages if flags["num_virtual_stages"].present else None
-        known = [(s, sv) for s, sv in planner.SCHEDULES if s == flags.schedule]
-        out["schedules"] = [(s, sv) for s, sv in known if v is None or sv == v] or [
-            (flags.schedule, v or 1)
-        ]
+        out["schedules"] = list(planner.SchedulesNamed([flags.schedule], v))
     return out
 
 

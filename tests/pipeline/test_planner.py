@@ -400,3 +400,22 @@ def test_the_screen_says_when_nothing_was_refused():
     assert screen.splitlines()[-1] == "refused: none, every candidate fits the cap"
     screen = report.PlanScreen("plan", tight.chosen, "what", "how", [], tight.refused)
     assert f"refused ({len(tight.refused)}, over the cap):" in screen.splitlines()
+
+
+def test_schedules_named_are_the_planner_s_entries_in_its_order():
+    # Each named schedule as the default search lists it, in SCHEDULES' order however
+    # given: the command line, the trainer's flags and the Keras keywords all map names so.
+    assert planner.SchedulesNamed(["interleaved_1f1b", "gpipe", "gpipe"]) == (
+        ("gpipe", 1),
+        ("interleaved_1f1b", 2),
+    )
+    # A training schedule the default search leaves out: 2 stages per device where its
+    # stages are placed in a loop, else 1; after the listed ones, in the order given.
+    assert planner.SchedulesNamed(["looped_bfs", "dualpipev", "1f1b"]) == (
+        ("1f1b", 1),
+        ("looped_bfs", 2),
+        ("dualpipev", 1),
+    )
+    # The trainer's --num_virtual_stages picks among them, or is taken as given.
+    assert planner.SchedulesNamed(["interleaved_1f1b"], 3) == (("interleaved_1f1b", 3),)
+    assert planner.SchedulesNamed(["1f1b"], 1) == (("1f1b", 1),)

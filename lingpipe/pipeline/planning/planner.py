@@ -63,6 +63,7 @@ __all__ = [
     "Result",
     "ScheduleOf",
     "SCHEDULES",
+    "SchedulesNamed",
     "Search",
 ]
 
@@ -77,6 +78,24 @@ SCHEDULES = (
     ("v_min", 1),
 )
 REMAT = ("never", "except_last", "always")
+
+
+def SchedulesNamed(names: Sequence[str], virtual: int | None = None) -> tuple:
+    """(name, stages per device) to try of each schedule in `names`: its entries in
+    SCHEDULES, else (a training schedule searched only when named, as looped_bfs) 2 if it
+    places stages in a loop (generators.VIRTUAL), else 1; with `virtual`, only the entries
+    of that many stages per device, or (name, virtual) where it lists none. In SCHEDULES'
+    order however they were given (a tie between two candidates goes to the first)."""
+    order = list(dict.fromkeys([name for name, _ in SCHEDULES] + list(names)))
+    out = []
+    for name in sorted(set(names), key=order.index):
+        listed = [e for e in SCHEDULES if e[0] == name] or [
+            (name, 2 if name in generators.VIRTUAL else 1)
+        ]
+        if virtual is not None:
+            listed = [e for e in listed if e[1] == virtual] or [(name, virtual)]
+        out.extend(listed)
+    return tuple(out)
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 
 
