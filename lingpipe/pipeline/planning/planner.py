@@ -96,6 +96,8 @@ def SchedulesNamed(names: Sequence[str], virtual: int | None = None) -> tuple:
             listed = [e for e in listed if e[1] == virtual] or [(name, virtual)]
         out.extend(listed)
     return tuple(out)
+
+
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 
 
