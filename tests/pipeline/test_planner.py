@@ -88,7 +88,12 @@ from lingpipe.pipeline.planning import calibrate, cost_model, device_rates  # no
 from lingpipe.pipeline.schedules import generators, simulate  # noqa: E402
 
 ONE_SECOND = cost_model.CellTimes(((1.0, 0.0),) * 2, ((1.0, 0.0),) * 2, ((1.0, 0.0),) * 2)
-TWO_CELLS = planner.ModelCosts((1.0, 1.0), (1000, 1000), (100, 100), ONE_SECOND)
+# Every stage computes both gradients in these hand computations, as where layers with
+# weights before the pipeline read its inputs' gradient (input_gradient); without them
+# the first stage leaves its first cell's I out (test_the_first_stage_...).
+TWO_CELLS = planner.ModelCosts(
+    (1.0, 1.0), (1000, 1000), (100, 100), ONE_SECOND, input_gradient=True
+)
 
 
 def _Predict(schedule, remat, rates, m=2):
@@ -419,3 +424,40 @@ def test_schedules_named_are_the_planner_s_entries_in_its_order():
     # The trainer's --num_virtual_stages picks among them, or is taken as given.
     assert planner.SchedulesNamed(["interleaved_1f1b"], 3) == (("interleaved_1f1b", 3),)
     assert planner.SchedulesNamed(["1f1b"], 1) == (("1f1b", 1),)
+
+
+def test_the_first_stage_leaves_out_its_inputs_gradient_up_to_its_first_weights():
+    def Costs(weights, **kw):
+        n = len(weights)
+        times = cost_model.CellTimes(((1.0, 0.0),) * n, ((1.0, 0.0),) * n, ((1.0, 0.0),) * n)
+        return planner.ModelCosts((1.0,) * n, (1000,) * n, weights, times, **kw)
+
+    # Nothing before the first cell with weights can take the gradient it passes back.
+    assert planner.FirstStageWithoutInputGradient(Costs((100, 100, 100)), 3) == (0,)
+    assert planner.FirstStageWithoutInputGradient(Costs((0, 0, 100, 100)), 4) == (0, 1, 2)
+    assert planner.FirstStageWithoutInputGradient(Costs((0, 0, 100)), 2) == (0, 1)
+    # Layers with weights before the pipeline read its inputs' gradient: all of it.
+    assert planner.FirstStageWithoutInputGradient(Costs((100,) * 3, input_gradient=True), 3) == ()
+    rates = planner.Rates(1.0, action_s=0.0, bytes_per_s=1e30, latency_s=0.0)
+    # GPipe, K=2, M=1, a cell a stage, 1 s per kind: F 1 + 1, then B 2 (I + W) on stage 1
+    # and 1 (W alone) on stage 0.
+    chain = planner.Candidate(1, 2, 1, "gpipe", 1, "never", (1, 1))
+    assert planner.PredictSeconds(chain, Costs((100, 100)), rates, 2) == pytest.approx(5.0)
+    assert planner.PredictSeconds(
+        chain, Costs((100, 100), input_gradient=True), rates, 2
+    ) == pytest.approx(6.0)
+    # Zero bubble splits them: stage 0's I costs nothing, its W 1 s.
+    split = planner.Candidate(1, 2, 1, "zero_bubble", 1, "never", (1, 1))
+    seconds = planner.ActionSeconds(split, Costs((100, 100)), rates, 2)
+    assert seconds["I"][(0, 0)] == pytest.approx(0.0, abs=1e-9)  # the outputs' gradient's arrival
+    assert seconds["I"][(1, 0)] == seconds["W"][(0, 0)] == seconds["W"][(1, 0)] == 1.0
+    # A profiled B (both gradients at once) and one beside another device: stage 0 takes
+    # its W for the cell without the inputs' gradient.
+    times = dataclasses.replace(
+        Costs((100, 100)).times, backward=((1.5, 0.0),) * 2, backward_together=((2.5, 0.0),) * 2
+    )
+    profiled = dataclasses.replace(Costs((100, 100)), times=times)
+    alone = planner.ActionSeconds(chain, profiled, rates, 2, contended=False)
+    together = planner.ActionSeconds(chain, profiled, rates, 2)
+    assert (alone["B"][(0, 0)], alone["B"][(1, 0)]) == (1.0, 1.5)
+    assert (together["B"][(0, 0)], together["B"][(1, 0)]) == (1.0, 2.5)

@@ -87,3 +87,35 @@ def test_errors_say_what_was_expected(tmp_path):
     with pytest.raises(ValueError, match=r"expected num_steps >= 1, received 0"):
         timeline.Record(lambda: None, str(tmp_path), sched, num_steps=0)
     plot.PlotSimulation(sched, simulate.Simulate(sched), str(tmp_path / "plan.png"))
+
+
+@pytest.mark.grappler
+def test_the_first_stage_computes_no_gradient_of_the_pipeline_s_inputs(tmp_path):
+    # What planner.FirstStageWithoutInputGradient counts on: the executor asks each
+    # stage for its inputs' gradient, and Grappler (TensorFlow's graph optimizer, on in
+    # every run but the tests') drops the first stage's, which nothing reads. One
+    # projection a stage: stage 0's backward runs its weights' matmul alone, stage 1's
+    # that and its inputs' (read from the profiled ops).
+    import collections
+    import re
+
+    cell = linear.ProjectionLayer.Params().Set(input_dims=64, output_dims=64, activation="TANH")
+    pipe = Pipeline([cell] * 2, 2, 2, remat="never", schedule="1f1b")
+    x = tf.random.stateless_normal([16, 64], seed=[1, 2])
+
+    @tf.function(autograph=False)
+    def Step():
+        r = pipe.ForwardBackward(pipe.theta, x, _Loss)
+        return r.metrics.loss[0], r.theta_grads
+
+    timeline.Record(Step, str(tmp_path), pipe, num_steps=1)
+    space = timeline.ReadXSpace(timeline.LatestProfile(str(tmp_path)))
+    matmuls = collections.Counter()
+    for plane in (p for p in space.planes if p.name == "/host:CPU"):
+        for line in plane.lines:
+            for ev in line.events:
+                op, _, kind = plane.event_metadata[ev.metadata_id].name.partition(":")
+                found = re.search(r"_s(\d)_mb\d+/", op)
+                if "MatMul" in kind and "gradient" in op and found:
+                    matmuls[int(found.group(1))] += 1
+    assert matmuls == {0: 1 * 2, 1: 2 * 2}  # per stage, over the step's 2 micro-batches

@@ -25,6 +25,9 @@ An action then costs (`ActionCosts`):
     with, as long as both gradients take together (CellTimes.BackwardAlone); beside
     another device computing, as measured so (CellTimes.BackwardTogether, which holds
     the contention), else I + W.
+On the first stage, the cells up to its first cell with weights compute no inputs'
+gradient, which nothing before them reads (planner.FirstStageWithoutInputGradient):
+their I costs nothing and their B is their W.
 Every time but the fixed cost and the transfers is multiplied by the contention: how
 much slower a device computes while the other devices compute too (logical devices
 sharing a host's cores; 1 where each device has its own), the device's one factor,
@@ -196,6 +199,7 @@ def ActionCosts(
     contention: float = 1.0,
     contended: bool = True,
     lockstep: bool = False,
+    no_input_gradient: Sequence[int] = (),
 ) -> dict[str, dict[tuple[int, int], float]]:
     """Per kind, {(stage, micro-batch): seconds} of every action of `sched` (module doc).
 
@@ -216,6 +220,9 @@ def ActionCosts(
         whose cells were profiled beside a copy of themselves (times.forward_together)
         takes their own factor at the micro-batch's size (CellTimes.Contention) in
         place of `contention`.
+      no_input_gradient: cells whose inputs' gradient no step computes (the first
+        stage's up to its first cell with weights, FirstStageWithoutInputGradient):
+        their I costs nothing, and their B only the weights' gradient (W).
     """
     bounds = partition.Boundaries(list(counts))
     if len(bounds) != sched.num_stages:
@@ -230,11 +237,19 @@ def ActionCosts(
         factor = contention
         if contended and lockstep:
             factor = times.Contention(cells, micro_batch, contention)
-        f, i, w = (factor * times.Seconds(k, cells, micro_batch) for k in "FIW")
-        both = factor * times.BackwardAlone(cells, micro_batch)
+        # Both gradients where the inputs' gradient is needed; the weights' alone where not.
+        full = [c for c in cells if c not in no_input_gradient]
+        weights_only = factor * times.Seconds(BACKWARD_WEIGHT, [c for c in cells if c not in full],
+                                              micro_batch)  # fmt: skip
+        f, w = (factor * times.Seconds(k, cells, micro_batch) for k in "FW")
+        i = factor * times.Seconds(BACKWARD_INPUT, full, micro_batch)
+        both = factor * times.BackwardAlone(full, micro_batch) + weights_only
         if contended:
-            together = times.BackwardTogether(cells, micro_batch)
-            both = i + w if together is None else together
+            together = times.BackwardTogether(full, micro_batch)
+            if together is None:
+                both = i + w
+            else:
+                both = together + weights_only
         summed = contention * (sum_s[s] if sum_s is not None else 0.0)
         w += summed
         move_in = move_back = 0.0

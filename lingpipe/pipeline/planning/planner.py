@@ -51,6 +51,7 @@ __all__ = [
     "CellTimesOf",
     "Compute",
     "Contention",
+    "FirstStageWithoutInputGradient",
     "MeasureRates",
     "MICRO_BATCHES",
     "ModelCosts",
@@ -130,13 +131,17 @@ class ModelCosts:
     to the next cell), and its weights' bytes; `times`, the cells' profiled times
     (cost_model.CellTimes), or None for FLOPs at the measured rate; `weight_counts`,
     its trainable variables (each pays Rates' costs per weight), or () where not
-    counted (none paid)."""
+    counted (none paid); `input_gradient`, whether the step reads the gradient of the
+    pipeline's inputs (layers with weights before it would): a task that is its
+    pipeline, as the planner's are, and a Keras graph do not, so the first stage leaves
+    it out (FirstStageWithoutInputGradient)."""
 
     flops: tuple[float, ...]
     out_bytes: tuple[int, ...]
     weight_bytes: tuple[int, ...]
     times: cost_model.CellTimes | None = None
     weight_counts: tuple[int, ...] = ()
+    input_gradient: bool = False
 
     def StageWeights(self, counts: Sequence[int]) -> list[tuple[int, int]]:
         """(bytes, variables) of each stage's weights, for cells per stage `counts`."""
@@ -284,7 +289,24 @@ def ActionSeconds(
         contention=Contention(candidate, rates) if contended else 1.0,
         contended=contended and candidate.replicas * candidate.num_stages > 1,
         lockstep=candidate.replicas > 1,
+        no_input_gradient=FirstStageWithoutInputGradient(costs, candidate.partition[0]),
     )
+
+
+def FirstStageWithoutInputGradient(costs: ModelCosts, first_stage_cells: int) -> tuple[int, ...]:
+    """The cells of the first stage whose inputs' gradient no step computes: those up to
+    and including its first cell with weights, before which nothing has weights to pass
+    it to; none where the step reads the pipeline's inputs' gradient
+    (costs.input_gradient). The executor asks every stage for its inputs' gradient, and
+    Grappler, TensorFlow's graph optimizer, drops what nothing reads (the 512-wide MLP's
+    first stage of four cells ran seven matmuls in each backward, its second eight)."""
+    if costs.input_gradient:
+        return ()
+    has_weights = costs.weight_counts or costs.weight_bytes
+    for c in range(first_stage_cells):
+        if has_weights[c]:
+            return tuple(range(c + 1))
+    return tuple(range(first_stage_cells))
 
 
 def ScheduleOf(candidate: Candidate) -> Any:
