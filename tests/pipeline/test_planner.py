@@ -461,3 +461,20 @@ def test_the_first_stage_leaves_out_its_inputs_gradient_up_to_its_first_weights(
     together = planner.ActionSeconds(chain, profiled, rates, 2)
     assert (alone["B"][(0, 0)], alone["B"][(1, 0)]) == (1.0, 1.5)
     assert (together["B"][(0, 0)], together["B"][(1, 0)]) == (1.0, 2.5)
+
+
+def test_a_first_cell_whose_inputs_have_no_gradient_keeps_its_profiled_backward():
+    # An embedding's inputs are token ids: its profile has no I, and its B (alone and
+    # beside another device) was its weights' gradient all along. It is kept, not
+    # replaced by W times the contention.
+    times = cost_model.CellTimes(
+        ((1.0, 0.0),) * 2,
+        ((0.0, 0.0), (1.0, 0.0)),
+        ((1.0, 0.0),) * 2,
+        backward_together=((1.25, 0.0), (2.5, 0.0)),
+    )
+    costs = planner.ModelCosts((1.0, 1.0), (1000, 1000), (100, 100), times)
+    rates = planner.Rates(1.0, action_s=0.0, bytes_per_s=1e30, latency_s=0.0, contention=2.0)
+    chain = planner.Candidate(1, 2, 1, "gpipe", 1, "never", (1, 1))
+    together = planner.ActionSeconds(chain, costs, rates, 2)
+    assert (together["B"][(0, 0)], together["B"][(1, 0)]) == (1.25, 2.5)

@@ -237,8 +237,13 @@ def ActionCosts(
         factor = contention
         if contended and lockstep:
             factor = times.Contention(cells, micro_batch, contention)
-        # Both gradients where the inputs' gradient is needed; the weights' alone where not.
-        full = [c for c in cells if c not in no_input_gradient]
+        # Both gradients where the inputs' gradient is needed, the weights' alone where not;
+        # a cell whose inputs have none (token ids: I is 0) was profiled so already.
+        full = [
+            c
+            for c in cells
+            if c not in no_input_gradient or not times.Seconds(BACKWARD_INPUT, [c], micro_batch)
+        ]
         weights_only = factor * times.Seconds(BACKWARD_WEIGHT, [c for c in cells if c not in full],
                                               micro_batch)  # fmt: skip
         f, w = (factor * times.Seconds(k, cells, micro_batch) for k in "FW")
