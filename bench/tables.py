@@ -136,9 +136,8 @@ TITLES: dict[str, tuple[str, str, str]] = {
         "and `python -m lingpipe.plan` run with TensorFlow's default threads unless told "
         "otherwise (--intra_op_threads, --inter_op_threads): there the two CPU devices share "
         "the intra-op threads, and a large op alone runs on both cores. The same MLP grid, "
-        "measured so. `repeat` compares each configuration's measured step with a run of "
-        "the same grid the same day, before a transfer's latency was read inside a step "
-        "and the profile's differences in pairs. Two earlier runs of this grid, with the "
+        "measured so. `repeat` compares each configuration's measured step with the run "
+        "before it (its `against` says which). Two earlier runs of this grid, with the "
         "same code for the K=2 rows, predicted the same configurations up to 26% apart: "
         "the profile's spread from run to run under shared threads, which the readings "
         "in pairs narrow.",
