@@ -7,12 +7,9 @@
 A second signal raises KeyboardInterrupt (the trainer exits 130). Neither handler
 raises where an exception would do harm (`_SentAgainLater`): inside a finalizer
 (`__del__`), where Python would print it as 'Exception ignored in ...' and drop it;
-inside `threading.Thread.start`, whose bookkeeping an exception breaks; inside the
-interpreter's frozen modules (importlib, abc, ...), which C code calls back: an import
-stopped there is left half done, and TensorFlow's nest.flatten, whose isinstance runs
-abc's checks from C, turned the exception into a SystemError with a traceback on
-stderr; and inside what `Uninterruptible` marks (taking and releasing the logdir's
-lock). There the signal is sent again shortly, to be handled just after.
+inside `threading.Thread.start`, whose bookkeeping an exception breaks; and inside
+what `Uninterruptible` marks (taking and releasing the logdir's lock). There the
+signal is sent again shortly, to be handled just after.
 """
 
 from __future__ import annotations
@@ -68,16 +65,10 @@ def Uninterruptible(fn: _F) -> _F:
 
 
 def _MustNotRaise(frame) -> bool:
-    """Whether `frame` runs inside a `__del__` (TensorFlow deletes its resources there),
-    inside a frozen module of the interpreter's (module doc) or inside code that must
-    not stop half-way (`_UNINTERRUPTIBLE`)."""
+    """Whether `frame` runs inside a `__del__` (TensorFlow deletes its resources there)
+    or inside code that must not stop half-way (`_UNINTERRUPTIBLE`)."""
     while frame is not None:
-        code = frame.f_code
-        if (
-            code.co_name == "__del__"
-            or code in _UNINTERRUPTIBLE
-            or code.co_filename.startswith("<frozen ")
-        ):
+        if frame.f_code.co_name == "__del__" or frame.f_code in _UNINTERRUPTIBLE:
             return True
         frame = frame.f_back
     return False

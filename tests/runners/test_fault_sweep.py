@@ -604,29 +604,3 @@ def test_an_evaluation_that_hangs_is_bounded_like_a_step(capsys, tmp_path, monke
         lines[-1],
     ), lines[-3:]
     assert not (logdir / "eval_dev.json").exists()
-
-
-def test_a_signal_inside_an_import_stops_the_run_after_the_import_not_inside_it(
-    tmp_path, monkeypatch
-):
-    # Raised inside an import (importlib's frozen frames), the stop would leave the
-    # module half done. Inside frozen modules it is sent again and raised just after:
-    # TensorFlow's nest.flatten runs abc's isinstance checks from C, which turned it
-    # into a SystemError and a traceback on stderr (seen about once in 7 runs of the
-    # SIGTERM-after-the-lock test below).
-    import time
-
-    from lingpipe.runners import stop_signals
-
-    (tmp_path / "halfway_module.py").write_text(
-        "import signal\nsignal.raise_signal(signal.SIGTERM)\nDONE = True\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "halfway_module", raising=False)
-    with pytest.raises(stop_signals.Stopped):
-        with stop_signals.StopBeforeSteps():
-            import halfway_module  # noqa: F401
-
-            for _ in range(500):
-                time.sleep(0.01)
-    assert sys.modules["halfway_module"].DONE
