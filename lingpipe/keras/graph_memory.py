@@ -230,10 +230,12 @@ def _FirstCallWeights(graph: graph_lib.Graph, trainable: bool) -> list[list]:
     seen: set = set()
     out = []
     for node in graph.nodes:
-        first_use = node.is_layer and id(node.operation) not in seen
+        if not node.is_layer or id(node.operation) in seen:
+            out.append([])  # a later call, or a keras.ops operation (no weights to read)
+            continue
         seen.add(id(node.operation))
-        weights = node.operation.trainable_weights if trainable else node.operation.weights
-        out.append(list(weights) if first_use else [])
+        layer = node.operation
+        out.append(list(layer.trainable_weights if trainable else layer.weights))
     return out
 
 

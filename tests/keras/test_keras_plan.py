@@ -133,6 +133,20 @@ def test_a_layer_s_weights_are_counted_where_it_is_first_called():
     assert sum(costs.weight_bytes) == 4 * (8 * 8 + 8 + 8 * 3)
 
 
+def test_a_keras_ops_call_in_the_graph_is_planned_with_no_weights():
+    # MobileNetV3's hard sigmoid is `ops.relu6(x + 3.0) / 6.0`: operations, not layers,
+    # with no `weights` to read (Plan raised AttributeError: 'Add' object has no
+    # attribute 'weights').
+    x = keras.Input((8,), name="x")
+    h = keras.layers.Dense(8, name="dense")(x)
+    h = keras.ops.relu6(h + 3.0) / 6.0
+    model = keras.Model(x, keras.layers.Dense(3, name="logits")(h))
+    graph = graph_lib.Trace(model)
+    assert graph_memory.WeightBytes(graph) == [4 * (8 * 8 + 8), 0, 0, 0, 4 * (8 * 3 + 3)]
+    plan = _Plan(model)
+    assert plan.peak_bytes and all(b > 0 for b in plan.peak_bytes)
+
+
 def test_the_memory_of_a_keras_graph_follows_the_schedule():
     """Dense(16, tanh) -> Dense(4) on two stages, batch 8 in M=2 micro-batches of 4 rows,
     GPipe, SGD (no slots): bytes you can count by hand."""
