@@ -21,18 +21,24 @@ def _Loss(outputs, unused_loss_inputs):
     return NestedMap(loss=(tf.reduce_mean(tf.square(outputs)), 1.0))
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    """(schedule, spans) of two profiled 1F1B steps of a 4-cell MLP on K=2, M=4."""
+def _MlpStep(cells: int, micro_batches: int, batch: int):
+    """(pipeline, traced training step) of `cells` 64-wide projections on K=2, 1F1B."""
     cell = linear.ProjectionLayer.Params().Set(input_dims=64, output_dims=64, activation="TANH")
-    pipe = Pipeline([cell] * 4, 2, 4, remat="never", schedule="1f1b")
-    x = tf.random.stateless_normal([64, 64], seed=[1, 2])
+    pipe = Pipeline([cell] * cells, 2, micro_batches, remat="never", schedule="1f1b")
+    x = tf.random.stateless_normal([batch, 64], seed=[1, 2])
 
     @tf.function(autograph=False)
     def Step():
         r = pipe.ForwardBackward(pipe.theta, x, _Loss)
         return r.metrics.loss[0], r.theta_grads
 
+    return pipe, Step
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """(schedule, spans) of two profiled 1F1B steps of a 4-cell MLP on K=2, M=4."""
+    pipe, Step = _MlpStep(cells=4, micro_batches=4, batch=64)
     logdir = str(tmp_path_factory.mktemp("timeline"))
     return pipe.Schedule(), timeline.Record(Step, logdir, pipe, num_steps=2)
 
@@ -99,15 +105,7 @@ def test_the_first_stage_computes_no_gradient_of_the_pipeline_s_inputs(tmp_path)
     import collections
     import re
 
-    cell = linear.ProjectionLayer.Params().Set(input_dims=64, output_dims=64, activation="TANH")
-    pipe = Pipeline([cell] * 2, 2, 2, remat="never", schedule="1f1b")
-    x = tf.random.stateless_normal([16, 64], seed=[1, 2])
-
-    @tf.function(autograph=False)
-    def Step():
-        r = pipe.ForwardBackward(pipe.theta, x, _Loss)
-        return r.metrics.loss[0], r.theta_grads
-
+    pipe, Step = _MlpStep(cells=2, micro_batches=2, batch=16)
     timeline.Record(Step, str(tmp_path), pipe, num_steps=1)
     space = timeline.ReadXSpace(timeline.LatestProfile(str(tmp_path)))
     matmuls = collections.Counter()

@@ -79,6 +79,7 @@ SCHEDULES = (
     ("v_min", 1),
 )
 REMAT = ("never", "except_last", "always")
+MICRO_BATCHES = (1, 2, 4, 8, 16)
 
 
 def SchedulesNamed(names: Sequence[str], virtual: int | None = None) -> tuple:
@@ -97,9 +98,6 @@ def SchedulesNamed(names: Sequence[str], virtual: int | None = None) -> tuple:
             listed = [e for e in listed if e[1] == virtual] or [(name, virtual)]
         out.extend(listed)
     return tuple(out)
-
-
-MICRO_BATCHES = (1, 2, 4, 8, 16)
 
 
 @dataclasses.dataclass(frozen=True)
