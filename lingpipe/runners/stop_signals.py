@@ -7,9 +7,11 @@
 A second signal raises KeyboardInterrupt (the trainer exits 130). Neither handler
 raises where an exception would do harm (`_SentAgainLater`): inside a finalizer
 (`__del__`), where Python would print it as 'Exception ignored in ...' and drop it;
-inside `threading.Thread.start`, whose bookkeeping an exception breaks; and inside
-what `Uninterruptible` marks (taking and releasing the logdir's lock). There the
-signal is sent again shortly, to be handled just after.
+inside `threading.Thread.start`, whose bookkeeping an exception breaks; inside abc's
+isinstance and issubclass checks, which C code calls back and may not check for an
+error (TensorFlow's nest.flatten printed a SystemError, dropped the stop and returned
+a short list); and inside what `Uninterruptible` marks (taking and releasing the
+logdir's lock). There the signal is sent again shortly, to be handled just after.
 """
 
 from __future__ import annotations
@@ -38,8 +40,15 @@ _F = TypeVar("_F", bound=Callable)
 RESEND_AFTER_S = 0.05  # how soon a signal that came at a bad moment is sent again
 # Code a handler must not raise in, besides finalizers: an exception inside
 # Thread.start, once the new thread began, breaks threading's records of it
-# ('KeyError: <Thread(...)>' from the new thread, or a deadlock on its lock).
-_UNINTERRUPTIBLE: set[CodeType] = {threading.Thread.start.__code__}
+# ('KeyError: <Thread(...)>' from the new thread, or a deadlock on its lock); one
+# inside ABCMeta's checks reaches C code that calls them through isinstance, and
+# TensorFlow's nest.flatten does not check for it ('SystemError: <built-in function
+# __import__> returned a result with an exception set' and a wrong result).
+_UNINTERRUPTIBLE: set[CodeType] = {
+    threading.Thread.start.__code__,
+    abc.ABCMeta.__instancecheck__.__code__,
+    abc.ABCMeta.__subclasscheck__.__code__,
+}
 
 
 class Stopped(RuntimeError):

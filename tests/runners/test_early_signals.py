@@ -298,3 +298,51 @@ def test_a_stop_raised_inside_a_pipeline_action_keeps_its_own_line():
     except stop_signals.Stopped as wrapped:
         assert str(wrapped).startswith("pipeline: F s0 mb1 on device 0")
         assert str(stop_signals.Original(wrapped)) == str(stop)
+
+
+def test_a_signal_inside_an_isinstance_check_that_c_code_runs_stops_after_it(capfd):
+    # TensorFlow's nest.flatten calls isinstance(x, collections.abc.Mapping) from C and
+    # does not check for an error: a stop raised inside abc's checks (here a Mapping
+    # subclass's __subclasshook__, which every such check consults) printed a
+    # SystemError, was dropped, and flatten returned one item of two. Inside abc's
+    # checks the signal is sent again and raised just after.
+    import collections.abc
+    import gc
+
+    import tensorflow as tf
+
+    armed = []
+
+    class Hooked(collections.abc.Mapping):
+        @classmethod
+        def __subclasshook__(cls, other):
+            if armed:
+                armed.clear()
+                signal.raise_signal(signal.SIGTERM)
+            return NotImplemented
+
+        def __getitem__(self, key):
+            raise KeyError(key)
+
+        def __iter__(self):
+            return iter(())
+
+        def __len__(self):
+            return 0
+
+    class Leaf:  # a new class: its isinstance checks are not cached yet
+        pass
+
+    leaves, flat = [Leaf(), Leaf()], None
+    try:
+        with pytest.raises(stop_signals.Stopped, match=r"^Stopped by SIGTERM before any"):
+            with stop_signals.StopBeforeSteps():
+                armed.append(True)
+                flat = tf.nest.flatten({"a": leaves[0], "b": [leaves[1]]})
+                time.sleep(_WAIT_S)
+    finally:
+        armed.clear()
+        del Hooked  # leaves collections.abc.Mapping's subclasses once collected
+        gc.collect()
+    assert flat == leaves
+    assert "SystemError" not in capfd.readouterr().err
