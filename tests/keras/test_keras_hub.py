@@ -1,0 +1,124 @@
+"""keras_hub's models, which lingpipe did not write, as pipelines: GPT-2 as a causal LM
+(its logits are the token embedding used again, reversed, so the one weight serves
+the first and the last stage), Llama's and Gemma's backbones (grouped-query attention,
+rotary positions, RMS norms) and BERT's (three inputs, the first token classified).
+Trained by fit with padded batches, a weighted loss and Adam or AdamW, each equals the
+same model trained plainly: losses and metrics per epoch, weights, predictions.
+GPT-2 under ZBV (both ends on the first device) and Gemma under zero bubble are
+extended cases (`-m extended`): each case takes about 12 s.
+"""
+
+import keras
+import keras_hub
+import numpy as np
+import pytest
+
+import lingpipe.keras as lpk
+
+VOCAB, ROWS, LENGTH = 100, 16, 12
+TINY = dict(vocabulary_size=VOCAB, num_layers=2, hidden_dim=16, intermediate_dim=32)
+
+
+def _Gpt2CausalLm():
+    backbone = keras_hub.models.GPT2Backbone(
+        num_heads=2, max_sequence_length=LENGTH, dropout=0.0, **TINY
+    )
+    task = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    return keras.Model(task.inputs, task.outputs)
+
+
+def _TokenHead(backbone):
+    """The backbone with a Dense over its sequence output (a tagger of 7 classes)."""
+    inputs = {
+        name: keras.Input(x.shape[1:], dtype=x.dtype, name=name)
+        for name, x in backbone.input.items()
+    }
+    return keras.Model(inputs, keras.layers.Dense(7, name="head")(backbone(inputs)))
+
+
+def _Llama():
+    return _TokenHead(
+        keras_hub.models.LlamaBackbone(num_query_heads=2, num_key_value_heads=1, **TINY)
+    )
+
+
+def _Gemma():
+    return _TokenHead(
+        keras_hub.models.GemmaBackbone(num_query_heads=2, num_key_value_heads=1, head_dim=8, **TINY)
+    )
+
+
+def _BertClassifier():
+    backbone = keras_hub.models.BertBackbone(
+        num_heads=2, max_sequence_length=LENGTH, dropout=0.0, **TINY
+    )
+    inputs = {
+        name: keras.Input(x.shape[1:], dtype=x.dtype, name=name)
+        for name, x in backbone.input.items()
+    }
+    first = backbone(inputs)["sequence_output"][:, 0, :]
+    return keras.Model(inputs, keras.layers.Dense(7, name="head")(first))
+
+
+def _Data(model, classes):
+    """Token ids, a padding mask (every other row padded after 8 tokens), segment ids
+    where the model takes them; labels per token or per row; the mask as weights."""
+    rng = np.random.RandomState(0)
+    x = {
+        "token_ids": rng.randint(1, VOCAB, (ROWS, LENGTH)).astype("int32"),
+        "padding_mask": np.ones((ROWS, LENGTH), "int32"),
+    }
+    x["padding_mask"][::2, 8:] = 0
+    if "segment_ids" in model.input:
+        x["segment_ids"] = (np.arange(LENGTH) >= 6).astype("int32")[None].repeat(ROWS, 0)
+    per_token = len(model.outputs[0].shape) == 3
+    y = rng.randint(0, classes, (ROWS, LENGTH) if per_token else (ROWS,))
+    weights = x["padding_mask"].astype("float32") if per_token else None
+    return x, y, weights
+
+
+@pytest.mark.parametrize(
+    "make, classes, optimizer, knobs",
+    [
+        (_Gpt2CausalLm, VOCAB, "adamw", dict(schedule="1f1b", remat="always")),
+        pytest.param(
+            _Gpt2CausalLm, VOCAB, "adamw", dict(schedule="zbv"), marks=pytest.mark.extended
+        ),
+        (_Llama, 7, "adam", dict(schedule="interleaved_1f1b", num_virtual_stages=2)),
+        pytest.param(
+            _Gemma,
+            7,
+            "adam",
+            dict(schedule="zero_bubble", partition="flops"),
+            marks=pytest.mark.extended,
+        ),
+        (_BertClassifier, 7, "adam", dict(schedule="gpipe", remat="always")),
+    ],
+    ids=["gpt2_lm-1f1b-remat", "gpt2_lm-zbv", "llama-interleaved", "gemma-zb", "bert-gpipe"],
+)
+def test_a_keras_hub_model_trains_as_a_pipeline_equal_to_the_plain_model(
+    make, classes, optimizer, knobs
+):
+    keras.utils.set_random_seed(3)
+    model = make()
+    plain = make()
+    plain.set_weights(model.get_weights())
+    pipe = lpk.Pipeline(model, num_stages=2, num_micro_batches=4, **knobs)
+    assert len(pipe.pipeline.devices) == 2
+    x, y, weights = _Data(model, classes)
+    histories = []
+    for m in (plain, pipe):
+        m.compile(
+            optimizer=keras.optimizers.get(
+                {"class_name": optimizer, "config": {"learning_rate": 1e-2}}
+            ),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            weighted_metrics=["accuracy"],
+        )
+        fit = m.fit(x, y, sample_weight=weights, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        histories.append(fit.history)
+    for key, values in histories[0].items():
+        np.testing.assert_allclose(histories[1][key], values, rtol=1e-5, err_msg=key)
+    for a, b, w in zip(plain.get_weights(), pipe.get_weights(), plain.weights):
+        np.testing.assert_allclose(b, a, atol=1e-5, err_msg=w.path)
+    np.testing.assert_allclose(pipe.predict(x, verbose=0), plain.predict(x, verbose=0), atol=1e-5)
