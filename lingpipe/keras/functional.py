@@ -109,6 +109,9 @@ class Pipeline(model_base.PipelineModel):
         the knobs used, not the plan.
       memory_per_device: for plan='auto': the cap per device ('16GiB', or bytes).
       batch_size: for plan='auto': the global batch of a training step.
+
+    A compiled `model` (keras_hub's tasks compile themselves) gives a pipeline compiled
+    the same way, with an optimizer of its own; compile() again to change it.
     """
 
     @plan_lib.RecordsGivenArguments
@@ -154,6 +157,16 @@ class Pipeline(model_base.PipelineModel):
         self._knobs = knobs
         object.__setattr__(self, "_model", model)  # tracked through _MakePipeline's layers
         self.BuildFor(_InputSpec(model))
+        if getattr(model, "compiled", False) and model.get_compile_config():
+            self._CompileAs(model)
+
+    def _CompileAs(self, model: Any) -> None:
+        """Compiles this pipeline as `model` was compiled (keras_hub's tasks compile
+        themselves as they are made): the same loss, metrics and optimizer's config, a
+        fresh optimizer of its own, and no XLA over the step (compile's jit_compile)."""
+        config = dict(model.get_compile_config())
+        config.pop("jit_compile", None)
+        self.compile_from_config(config)
 
     def _MakePipeline(self, input_spec: Any) -> tuple[Any, list]:
         pipeline = graph_pipeline.GraphPipeline(

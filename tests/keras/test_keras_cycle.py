@@ -113,6 +113,27 @@ def test_fit_twice_and_after_a_fit_that_raised():
     test_utils.AssertAllClose(model.get_weights(), ref.get_weights(), rtol=1e-5, atol=1e-6)
 
 
+def test_the_pipeline_of_a_compiled_model_is_compiled_the_same_way():
+    # keras_hub's tasks compile themselves as they are made, and their users call fit
+    # at once. The pipeline starts compiled as its model was, with an optimizer of its
+    # own (fresh slots), and without XLA, which cannot span the stages.
+    def Make():
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((8,))
+        hidden = keras.layers.Dense(16, activation="relu")(inputs)
+        return keras.Model(inputs, keras.layers.Dense(10)(hidden))
+
+    model, ref = _Compile(Make(), jit_compile=True), _Compile(Make())
+    pipe = lpk.Pipeline(model, num_stages=2, num_micro_batches=4, devices=DEVICES)
+    assert pipe.compiled and pipe.optimizer is not model.optimizer
+    assert pipe.optimizer.get_config() == model.optimizer.get_config()
+    x, y = _Digits(64)
+    fit = dict(batch_size=16, epochs=2, shuffle=False, verbose=0)
+    _AssertSameHistory(pipe.fit(x, y, **fit), ref.fit(x, y, **fit))
+    test_utils.AssertAllClose(pipe.get_weights(), ref.get_weights(), rtol=1e-5, atol=1e-6)
+    assert not lpk.Pipeline(Make(), num_stages=2, devices=DEVICES).compiled
+
+
 class _StopAtEpoch(keras.callbacks.Callback):
     def __init__(self, epoch):
         super().__init__()
