@@ -65,7 +65,7 @@ from typing import Any
 import keras
 
 from lingpipe.keras import graph as graph_lib
-from lingpipe.keras import graph_pipeline, model_base
+from lingpipe.keras import graph_pipeline, model_base, preprocessing
 from lingpipe.keras import plan as plan_lib
 from lingpipe.pipeline.step import settings
 
@@ -167,6 +167,28 @@ class Pipeline(model_base.PipelineModel):
         config = dict(model.get_compile_config())
         config.pop("jit_compile", None)
         self.compile_from_config(config)
+
+    # keras_hub's tasks preprocess their data in these (lingpipe.keras.preprocessing).
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
+        preprocess = preprocessing.Preprocessor(self._model)
+        if preprocess is None:
+            return super().fit(*args, **kwargs)
+        return super().fit(**preprocessing.Fit(preprocess, args, kwargs, self._Where()))
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        preprocess = preprocessing.Preprocessor(self._model)
+        if preprocess is None:
+            return super().evaluate(*args, **kwargs)
+        return super().evaluate(**preprocessing.Evaluate(preprocess, args, kwargs, self._Where()))
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        preprocess = preprocessing.Preprocessor(self._model)
+        if preprocess is None:
+            return super().predict(*args, **kwargs)
+        return super().predict(**preprocessing.Predict(preprocess, args, kwargs, self._Where()))
+
+    def _Where(self) -> str:
+        return f"lingpipe.keras.Pipeline {self.name!r}"
 
     def _MakePipeline(self, input_spec: Any) -> tuple[Any, list]:
         pipeline = graph_pipeline.GraphPipeline(

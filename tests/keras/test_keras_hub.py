@@ -12,6 +12,7 @@ import keras
 import keras_hub
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import lingpipe.keras as lpk
 
@@ -144,3 +145,48 @@ def test_a_keras_hub_task_is_pipelined_compiled_as_it_compiled_itself():
         np.testing.assert_allclose(ours[key], values, rtol=1e-5, err_msg=key)
     for a, b, w in zip(plain.get_weights(), pipe.get_weights(), plain.weights):
         np.testing.assert_allclose(b, a, atol=1e-5, err_msg=w.path)
+
+
+def _Gpt2WithPreprocessor():
+    """GPT-2's causal LM with a preprocessor: a byte-pair tokenizer of 8 tokens, and
+    sequences of 8 (the labels are the inputs shifted by one)."""
+    vocabulary = {"<|endoftext|>": 0, "a": 1, "b": 2, "c": 3, "Ġ": 4, "Ġa": 5, "Ġb": 6, "Ġc": 7}
+    tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=["Ġ a", "Ġ b", "Ġ c"])
+    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=8)
+    backbone = keras_hub.models.GPT2Backbone(
+        num_heads=2, max_sequence_length=LENGTH, dropout=0.0, **dict(TINY, vocabulary_size=8)
+    )
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=preprocessor)
+
+
+def test_a_keras_hub_task_with_a_preprocessor_fits_evaluates_and_predicts_on_strings():
+    # The task's fit, evaluate and predict tokenize the strings given and make the
+    # labels; the pipeline runs the task's graph, and does the same before it.
+    keras.utils.set_random_seed(3)
+    task, plain = _Gpt2WithPreprocessor(), _Gpt2WithPreprocessor()
+    plain.set_weights(task.get_weights())
+    for m in (task, plain):
+        m.compile(optimizer=keras.optimizers.Adam(1e-2))
+    pipe = lpk.Pipeline(task, num_stages=2, num_micro_batches=2, schedule="1f1b")
+    texts = np.array(["a b a", "b b a c", "a a", "c a b c a", "b", "c c a"] * 4)
+    fit = dict(batch_size=8, epochs=2, validation_split=0.25, verbose=0)
+    ours, theirs = pipe.fit(texts, **fit).history, plain.fit(texts, **fit).history
+    assert ours.keys() == theirs.keys() >= {"loss", "val_loss", "val_sparse_categorical_accuracy"}
+    for key, values in theirs.items():
+        np.testing.assert_allclose(ours[key], values, rtol=1e-5, err_msg=key)
+    for a, b, w in zip(plain.get_weights(), pipe.get_weights(), plain.weights):
+        np.testing.assert_allclose(b, a, atol=1e-5, err_msg=w.path)
+    data = tf.data.Dataset.from_tensor_slices(list(texts[:12])).batch(6)
+    np.testing.assert_allclose(
+        pipe.evaluate(data, verbose=0), plain.evaluate(data, verbose=0), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        pipe.predict(list(texts[:5]), verbose=0),
+        plain.predict(list(texts[:5]), verbose=0),
+        atol=1e-5,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^lingpipe.keras.Pipeline '\w+': received a tf.data.Dataset and batch_size; ",
+    ):
+        pipe.fit(data, batch_size=4, verbose=0)
