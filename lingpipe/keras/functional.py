@@ -213,6 +213,9 @@ class Pipeline(model_base.PipelineModel):
     def get_config(self) -> dict:
         config = super().get_config()
         config["model"] = keras.saving.serialize_keras_object(self._model)
+        # The pipeline's own compile is saved beside; the model inside is not compiled
+        # again on loading (keras_hub's tasks could not be: their compile is their own).
+        config["model"].pop("compile_config", None)
         return config
 
     @classmethod

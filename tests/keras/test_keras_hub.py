@@ -8,6 +8,8 @@ epoch, weights, predictions. GPT-2 under ZBV (both ends on the first device) and
 under zero bubble are extended cases (`-m extended`): each case takes about 12 s.
 """
 
+import warnings
+
 import keras
 import keras_hub
 import numpy as np
@@ -159,7 +161,9 @@ def _Gpt2WithPreprocessor():
     return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=preprocessor)
 
 
-def test_a_keras_hub_task_with_a_preprocessor_fits_evaluates_and_predicts_on_strings():
+def test_a_keras_hub_task_with_a_preprocessor_fits_evaluates_and_predicts_on_strings(
+    tmp_path,
+):
     # The task's fit, evaluate and predict tokenize the strings given and make the
     # labels; the pipeline runs the task's graph, and does the same before it.
     keras.utils.set_random_seed(3)
@@ -169,20 +173,20 @@ def test_a_keras_hub_task_with_a_preprocessor_fits_evaluates_and_predicts_on_str
         m.compile(optimizer=keras.optimizers.Adam(1e-2))
     pipe = lpk.Pipeline(task, num_stages=2, num_micro_batches=2, schedule="1f1b")
     texts = np.array(["a b a", "b b a c", "a a", "c a b c a", "b", "c c a"] * 4)
-    fit = dict(batch_size=8, epochs=2, validation_split=0.25, verbose=0)
+    fit = dict(batch_size=8, epochs=2, validation_split=1 / 3, verbose=0)  # batches of 8
     ours, theirs = pipe.fit(texts, **fit).history, plain.fit(texts, **fit).history
     assert ours.keys() == theirs.keys() >= {"loss", "val_loss", "val_sparse_categorical_accuracy"}
     for key, values in theirs.items():
         np.testing.assert_allclose(ours[key], values, rtol=1e-5, err_msg=key)
     for a, b, w in zip(plain.get_weights(), pipe.get_weights(), plain.weights):
         np.testing.assert_allclose(b, a, atol=1e-5, err_msg=w.path)
-    data = tf.data.Dataset.from_tensor_slices(list(texts[:12])).batch(6)
+    data = tf.data.Dataset.from_tensor_slices(list(texts[:16])).batch(8)
     np.testing.assert_allclose(
         pipe.evaluate(data, verbose=0), plain.evaluate(data, verbose=0), rtol=1e-5
     )
     np.testing.assert_allclose(
-        pipe.predict(list(texts[:5]), verbose=0),
-        plain.predict(list(texts[:5]), verbose=0),
+        pipe.predict(list(texts[:8]), verbose=0),
+        plain.predict(list(texts[:8]), verbose=0),
         atol=1e-5,
     )
     with pytest.raises(
@@ -190,3 +194,14 @@ def test_a_keras_hub_task_with_a_preprocessor_fits_evaluates_and_predicts_on_str
         match=r"^lingpipe.keras.Pipeline '\w+': received a tf.data.Dataset and batch_size; ",
     ):
         pipe.fit(data, batch_size=4, verbose=0)
+    # Saved and loaded, it predicts the same; the task inside is not compiled again
+    # (keras_hub's compile is its own: Keras warned that it could not).
+    pipe.save(tmp_path / "pipe.keras")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = keras.saving.load_model(tmp_path / "pipe.keras")
+    assert not [str(w.message) for w in caught if "compile" in str(w.message)]
+    assert loaded.compiled
+    np.testing.assert_allclose(
+        loaded.predict(texts[:8], verbose=0), pipe.predict(texts[:8], verbose=0)
+    )
