@@ -187,6 +187,23 @@ class Pipeline(model_base.PipelineModel):
             return super().predict(*args, **kwargs)
         return super().predict(**preprocessing.Predict(preprocess, args, kwargs, self._Where()))
 
+    def train_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, **kwargs: Any):
+        x, y, sample_weight = self._OneBatch(x, y, sample_weight)
+        return super().train_on_batch(x, y, sample_weight, **kwargs)
+
+    def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, **kwargs: Any):
+        x, y, sample_weight = self._OneBatch(x, y, sample_weight)
+        return super().test_on_batch(x, y, sample_weight, **kwargs)
+
+    def predict_on_batch(self, x: Any) -> Any:
+        return super().predict_on_batch(self._OneBatch(x, None, None)[0])
+
+    def _OneBatch(self, x: Any, y: Any, sample_weight: Any) -> tuple:
+        preprocess = preprocessing.Preprocessor(self._model)
+        if preprocess is None:
+            return x, y, sample_weight
+        return keras.utils.unpack_x_y_sample_weight(preprocess(x, y, sample_weight))
+
     def _Where(self) -> str:
         return f"lingpipe.keras.Pipeline {self.name!r}"
 

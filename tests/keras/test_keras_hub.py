@@ -194,6 +194,12 @@ def test_a_keras_hub_task_with_a_preprocessor_fits_evaluates_and_predicts_on_str
         match=r"^lingpipe.keras.Pipeline '\w+': received a tf.data.Dataset and batch_size; ",
     ):
         pipe.fit(data, batch_size=4, verbose=0)
+    batch = list(texts[:8])
+    np.testing.assert_allclose(pipe.train_on_batch(batch), plain.train_on_batch(batch), rtol=1e-5)
+    np.testing.assert_allclose(pipe.test_on_batch(batch), plain.test_on_batch(batch), rtol=1e-5)
+    np.testing.assert_allclose(
+        pipe.predict_on_batch(batch), plain.predict_on_batch(batch), atol=1e-5
+    )
     # Saved and loaded, it predicts the same; the task inside is not compiled again
     # (keras_hub's compile is its own: Keras warned that it could not).
     pipe.save(tmp_path / "pipe.keras")
