@@ -59,6 +59,7 @@ outputs or layers' losses (refused in one line); compile(jit_compile=True) (refu
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,6 +73,14 @@ from lingpipe.pipeline.step import settings
 __all__ = [
     "Pipeline",
 ]
+
+
+def _Fresh(value: Any) -> Any:
+    """A stateful compile argument (an optimizer, a metric) copied from its config; any
+    other (a loss, a function, a name) as it is."""
+    if isinstance(value, (keras.optimizers.Optimizer, keras.metrics.Metric)):
+        return type(value).from_config(value.get_config())
+    return value
 
 
 def _InputSpec(model: Any) -> Any:
@@ -157,16 +166,31 @@ class Pipeline(model_base.PipelineModel):
         self._knobs = knobs
         object.__setattr__(self, "_model", model)  # tracked through _MakePipeline's layers
         self.BuildFor(_InputSpec(model))
-        if getattr(model, "compiled", False) and model.get_compile_config():
+        if getattr(model, "compiled", False) and hasattr(model, "_compile_config"):
             self._CompileAs(model)
 
     def _CompileAs(self, model: Any) -> None:
         """Compiles this pipeline as `model` was compiled (keras_hub's tasks compile
-        themselves as they are made): the same loss, metrics and optimizer's config, a
-        fresh optimizer of its own, and no XLA over the step (compile's jit_compile)."""
-        config = dict(model.get_compile_config())
-        config.pop("jit_compile", None)
-        self.compile_from_config(config)
+        themselves as they are made): compile's own arguments (a loss or metric function
+        as given, registered or not), a fresh copy of its optimizer and metric objects,
+        and no XLA over the step (jit_compile). Where a copy fails (an optimizer with an
+        unregistered learning-rate schedule), one warning, and the pipeline is left for
+        the user to compile."""
+        # Keras keeps compile's arguments as given only there; its get_compile_config
+        # serializes them, which a Python loss function does not survive.
+        given = dict(model._compile_config.config)  # noqa: SLF001
+        given.pop("jit_compile", None)
+        try:
+            given = keras.tree.map_structure(_Fresh, given)
+        except Exception as e:  # noqa: BLE001 (any failure to copy: compile is the user's)
+            warnings.warn(
+                f"{self._Where()}: the model given was compiled, and its optimizer or "
+                f"metrics could not be copied ({type(e).__name__}: {str(e).splitlines()[0]}"
+                "); compile the pipeline before fit",
+                stacklevel=3,
+            )
+            return
+        self.compile(**given)
 
     # keras_hub's tasks preprocess their data in these (lingpipe.keras.preprocessing).
     def fit(self, *args: Any, **kwargs: Any) -> Any:

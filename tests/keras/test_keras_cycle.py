@@ -132,6 +132,36 @@ def test_the_pipeline_of_a_compiled_model_is_compiled_the_same_way():
     _AssertSameHistory(pipe.fit(x, y, **fit), ref.fit(x, y, **fit))
     test_utils.AssertAllClose(pipe.get_weights(), ref.get_weights(), rtol=1e-5, atol=1e-6)
     assert not lpk.Pipeline(Make(), num_stages=2, devices=DEVICES).compiled
+    # What compile takes need not be serializable: a Python loss function and an
+    # unregistered metric class are taken as given (the metric a fresh copy).
+    model, ref = Make(), Make()
+    for m in (model, ref):
+        m.compile(optimizer="adam", loss=_CrossEntropy, metrics=[_Accuracy()])
+    pipe = lpk.Pipeline(model, num_stages=2, num_micro_batches=4, devices=DEVICES)
+    assert pipe.metrics[-1] is not model.metrics[-1]
+    _AssertSameHistory(pipe.fit(x, y, **fit), ref.fit(x, y, **fit))
+    # An optimizer that cannot be copied (its unregistered schedule): one warning line,
+    # and the pipeline is the user's to compile.
+    model = Make()
+    model.compile(optimizer=keras.optimizers.SGD(_Halving()), loss=_CrossEntropy)
+    said = r"^lingpipe.keras.Pipeline '\w+': the model given was compiled, and its "
+    said += r"optimizer or metrics could not be copied \(NotImplementedError: .*\); compile"
+    with pytest.warns(UserWarning, match=said):
+        pipe = lpk.Pipeline(model, num_stages=2, devices=DEVICES)
+    assert not pipe.compiled
+
+
+def _CrossEntropy(y, logits):
+    return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+
+
+class _Accuracy(keras.metrics.SparseCategoricalAccuracy):
+    pass
+
+
+class _Halving(keras.optimizers.schedules.LearningRateSchedule):
+    def __call__(self, step):
+        return 0.1 * 0.5 ** keras.ops.cast(step, "float32")
 
 
 class _StopAtEpoch(keras.callbacks.Callback):
