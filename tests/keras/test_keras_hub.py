@@ -157,8 +157,9 @@ def test_a_keras_hub_task_with_a_preprocessor_fits_evaluates_and_predicts_on_str
         m.compile(optimizer=keras.optimizers.Adam(1e-2))
     pipe = lpk.Pipeline(task, num_stages=2, num_micro_batches=2, schedule="1f1b", remat="always")
     texts = np.array(["a b a", "b b a c", "a a", "c a b c a", "b", "c c a"] * 4)
-    fit = dict(batch_size=8, epochs=2, validation_split=1 / 3, verbose=0)  # batches of 8
-    ours, theirs = pipe.fit(texts, **fit).history, plain.fit(texts, **fit).history
+    validation = (texts[16:],)  # as validation_split=1/3 takes them (test below)
+    fit = dict(batch_size=8, epochs=2, validation_data=validation, verbose=0)
+    ours, theirs = pipe.fit(texts[:16], **fit).history, plain.fit(texts[:16], **fit).history
     assert ours.keys() == theirs.keys() >= {"loss", "val_loss", "val_sparse_categorical_accuracy"}
     for key, values in theirs.items():
         np.testing.assert_allclose(ours[key], values, rtol=1e-5, err_msg=key)
@@ -195,3 +196,24 @@ def test_a_keras_hub_task_with_a_preprocessor_fits_evaluates_and_predicts_on_str
     np.testing.assert_allclose(
         loaded.predict(texts[:8], verbose=0), pipe.predict(texts[:8], verbose=0)
     )
+
+
+def test_validation_split_with_a_preprocessor_takes_the_last_rows_of_arrays():
+    # As keras.Model.fit splits arrays (and keras_hub's tasks do): the last third here.
+    from lingpipe.keras import preprocessing
+
+    def Preprocess(x, y=None, sample_weight=None):
+        return keras.utils.pack_x_y_sample_weight(x * 10, y, sample_weight)
+
+    x, y = np.arange(12, dtype="float32"), np.arange(12)
+    fit = preprocessing.Fit(Preprocess, (x, y), dict(batch_size=4, validation_split=1 / 3), "p")
+    assert (fit["batch_size"], fit["validation_split"], fit["y"]) == (None, 0.0, None)
+    train = [b[0].numpy().tolist() for b in fit["x"]]
+    held = [b[1].numpy().tolist() for b in fit["validation_data"]]
+    assert train == [[0, 10, 20, 30], [40, 50, 60, 70]] and held == [[8, 9, 10, 11]]
+    with pytest.raises(
+        ValueError,
+        match=r"^p: validation_split with a keras_hub preprocessor "
+        r"needs NumPy arrays or tensors, and received str; pass np.array",
+    ):
+        preprocessing.Fit(Preprocess, (["a b", "c"],), dict(validation_split=0.5), "p")
