@@ -183,10 +183,11 @@ class Pipeline(model_base.PipelineModel):
         try:
             given = keras.tree.map_structure(_Fresh, given)
         except Exception as e:  # noqa: BLE001 (any failure to copy: compile is the user's)
+            first = (str(e).splitlines() or [""])[0]
             warnings.warn(
                 f"{self._Where()}: the model given was compiled, and its optimizer or "
-                f"metrics could not be copied ({type(e).__name__}: {str(e).splitlines()[0]}"
-                "); compile the pipeline before fit",
+                f"metrics could not be copied ({type(e).__name__}: {first}); compile the "
+                "pipeline before fit",
                 stacklevel=3,
             )
             return
