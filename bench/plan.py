@@ -717,7 +717,6 @@ def KerasChild(cfg: dict, steps: int, threads: str = "intra1_inter2", builds: in
                 )
                 return lambda p=piped: _Loss(p.train_on_batch(x, y))
 
-            steps_of.append(Build)
             step = Build()
             seconds, best, peak = Measure(step, steps)
             profiled = _Above(ProfiledPeak(step), before)
@@ -726,11 +725,12 @@ def KerasChild(cfg: dict, steps: int, threads: str = "intra1_inter2", builds: in
         except Exception as e:  # noqa: BLE001 (a row of the table, not the end of the run)
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             measured.append((row, None))
-            steps_of[len(measured) - 1 :] = [None]
+            steps_of.append(None)
             continue
         row["load"] = round(os.getloadavg()[0], 2)
         found = (seconds, best, per_device, host, peak - before, (profiled[0], tensors))
         measured.append((row, found))
+        steps_of.append(Build)
         print(json.dumps(row), file=sys.stderr, flush=True)
     SecondBuilds(measured, steps_of, steps, builds)
     probes.append(Probe()[:2])

@@ -195,22 +195,21 @@ class Pipeline(model_base.PipelineModel):
 
     # keras_hub's tasks preprocess their data in these (lingpipe.keras.preprocessing).
     def fit(self, *args: Any, **kwargs: Any) -> Any:
-        preprocess = preprocessing.Preprocessor(self._model)
-        if preprocess is None:
-            return super().fit(*args, **kwargs)
-        return super().fit(**preprocessing.Fit(preprocess, args, kwargs, self._Where()))
+        return self._Preprocessed(super().fit, preprocessing.Fit, args, kwargs)
 
     def evaluate(self, *args: Any, **kwargs: Any) -> Any:
-        preprocess = preprocessing.Preprocessor(self._model)
-        if preprocess is None:
-            return super().evaluate(*args, **kwargs)
-        return super().evaluate(**preprocessing.Evaluate(preprocess, args, kwargs, self._Where()))
+        return self._Preprocessed(super().evaluate, preprocessing.Evaluate, args, kwargs)
 
     def predict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._Preprocessed(super().predict, preprocessing.Predict, args, kwargs)
+
+    def _Preprocessed(self, method: Any, arguments: Any, args: tuple, kwargs: dict) -> Any:
+        """`method(*args, **kwargs)`, its data first through the model's preprocessor
+        where it has one (`arguments`: preprocessing.Fit, Evaluate or Predict)."""
         preprocess = preprocessing.Preprocessor(self._model)
         if preprocess is None:
-            return super().predict(*args, **kwargs)
-        return super().predict(**preprocessing.Predict(preprocess, args, kwargs, self._Where()))
+            return method(*args, **kwargs)
+        return method(**arguments(preprocess, args, kwargs, self._Where()))
 
     def train_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, **kwargs: Any):
         x, y, sample_weight = self._OneBatch(x, y, sample_weight)
@@ -233,9 +232,7 @@ class Pipeline(model_base.PipelineModel):
         return f"lingpipe.keras.Pipeline {self.name!r}"
 
     def _MakePipeline(self, input_spec: Any) -> tuple[Any, list]:
-        pipeline = graph_pipeline.GraphPipeline(
-            self._model, where=f"lingpipe.keras.Pipeline {self.name!r}", **self._knobs
-        )
+        pipeline = graph_pipeline.GraphPipeline(self._model, where=self._Where(), **self._knobs)
         return pipeline, [self._model]
 
     def StageLayers(self) -> list[list[keras.layers.Layer]]:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import inspect
 import math
 import os
 import re
@@ -56,7 +55,7 @@ import tensorflow as tf
 from keras import tree
 
 from lingpipe import base_layer, cluster, seeds
-from lingpipe.keras import step_losses
+from lingpipe.keras import preprocessing, step_losses
 from lingpipe.nested_map import NestedMap
 from lingpipe.pipeline.schedules import schedule as schedule_lib
 from lingpipe.pipeline.step import gradient_sums, micro_batch
@@ -359,7 +358,7 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         num_micro_batches are one ValueError line saying what to change. (A tf.data
         dataset's batches are only known as they come: checked at run time. evaluate
         and predict take batches of any size.)"""
-        bound = inspect.signature(keras.Model.fit).bind(self, *args, **kwargs).arguments
+        bound = preprocessing.Arguments(keras.Model.fit, args, kwargs)
         leaves = tree.flatten(bound.get("x"))
         if not leaves or not all(isinstance(v, (np.ndarray, tf.Tensor)) for v in leaves):
             return

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 from keras import tree
 
-__all__ = ["Evaluate", "Fit", "Predict", "Preprocessor"]
+__all__ = ["Arguments", "Evaluate", "Fit", "Predict", "Preprocessor"]
 
 _DEFAULT_BATCH = 32  # Keras' and keras_hub's batch_size when none is given
 
@@ -38,8 +38,9 @@ def Preprocessor(model: Any) -> Callable | None:
     return getattr(model, "preprocess_samples", None)
 
 
-def _Arguments(method: Callable, args: tuple, kwargs: dict) -> dict:
-    """`args` and `kwargs` of a call of keras.Model's `method` by name (self left out)."""
+def Arguments(method: Callable, args: tuple, kwargs: dict) -> dict:
+    """`args` and `kwargs` of a call of keras.Model's `method` (fit, evaluate, ...) by
+    name, self left out."""
     bound = inspect.signature(method).bind(None, *args, **kwargs).arguments
     bound.pop("self")
     bound.update(bound.pop("kwargs", {}))
@@ -85,7 +86,7 @@ def _Split(data: tuple, fraction: float, where: str) -> tuple[tuple, tuple]:
 def Fit(preprocess: Callable, args: tuple, kwargs: dict, where: str) -> dict:
     """keras.Model.fit's arguments with the training and validation data preprocessed
     (module doc): x a dataset, y, sample_weight and batch_size None."""
-    a = _Arguments(keras.Model.fit, args, kwargs)
+    a = Arguments(keras.Model.fit, args, kwargs)
     train = (a.get("x"), a.get("y"), a.get("sample_weight"))
     validation = a.get("validation_data")
     if a.get("validation_split") and validation is None:
@@ -107,7 +108,7 @@ def Fit(preprocess: Callable, args: tuple, kwargs: dict, where: str) -> dict:
 def Evaluate(preprocess: Callable, args: tuple, kwargs: dict, where: str) -> dict:
     """keras.Model.evaluate's arguments with the data preprocessed; as given where fit
     evaluates its validation data, already preprocessed."""
-    a = _Arguments(keras.Model.evaluate, args, kwargs)
+    a = Arguments(keras.Model.evaluate, args, kwargs)
     if a.get("_use_cached_eval_dataset"):
         return a
     x = _Dataset(
@@ -119,7 +120,7 @@ def Evaluate(preprocess: Callable, args: tuple, kwargs: dict, where: str) -> dic
 
 def Predict(preprocess: Callable, args: tuple, kwargs: dict, where: str) -> dict:
     """keras.Model.predict's arguments with the inputs preprocessed."""
-    a = _Arguments(keras.Model.predict, args, kwargs)
+    a = Arguments(keras.Model.predict, args, kwargs)
     a.update(x=_Dataset(preprocess, a.get("x"), None, None, a.get("batch_size"), where))
     a["batch_size"] = None
     return a
