@@ -53,19 +53,45 @@ def test_a_long_forward_is_timed_once_and_a_short_one_as_copies_less_one(monkeyp
 
         monkeypatch.setattr(cell_times, "_PairedDifference", Paired)
 
-    # F of 50 ms once: each gradient kind once, less F once, in pairs.
+    # F of 50 ms once: each gradient kind once, in pairs: I and B less F once, W (the
+    # weights' own ops after I) less I once.
     Readings(0.05, [0.02, 0.03, 0.045])
     (f, i, w, b), _ = cell_times.UnitSeconds(run, cell.trainable_variables, (x,), repeats=1)
     assert (f, i, w, b) == (0.05, 0.02, 0.03, 0.045)
-    assert len(pairs) == 3 and len({id(second) for _, second in pairs}) == 1  # all less F once
+    (i_run, forward), (w_run, w_less), (b_run, b_less) = pairs
+    assert b_less is forward and w_less is i_run and len({i_run, w_run, b_run}) == 3
     pairs.clear()
-    # F of 2 ms once: 4 copies less one, over 3 (the call and copying cancelled); each
-    # gradient kind's 4 copies less F's 4, over 4: what the gradients add.
+    # F of 2 ms once: 4 copies less one, over 3 (the call and copying cancelled); I's and
+    # B's 4 copies less F's 4, W's less I's, over 4: what each adds.
     Readings(0.002, [0.003, 0.004, 0.008, 0.012])
     (f, i, w, b), _ = cell_times.UnitSeconds(run, cell.trainable_variables, (x,), repeats=1)
     assert (f, i, w, b) == pytest.approx((0.001, 0.001, 0.002, 0.003))
-    forward_copies = pairs[0][0]
-    assert len(pairs) == 4 and all(second is forward_copies for _, second in pairs[1:])
+    (forward_copies, _), (i_copies, i_less), (_, w_less), (_, b_less) = pairs
+    assert i_less is forward_copies and b_less is forward_copies and w_less is i_copies
+
+
+def test_w_is_timed_as_the_weights_own_ops_after_i_as_a_split_backward_runs_them():
+    # y = tanh(x @ a) @ b: the gradient of tanh is on the path to both a's gradient and
+    # x's, so I computes it; W is only a's and b's matmuls, and they wait for I.
+    a, b = tf.Variable(tf.ones([4, 4])), tf.Variable(tf.ones([4, 2]))
+    run = lambda x: tf.matmul(tf.tanh(tf.matmul(x, a)), b)  # noqa: E731
+    split = tf.function(lambda x: cell_times._Once(run, [a, b], "IW", (x,)))  # noqa: SLF001
+    graph = split.get_concrete_function(tf.TensorSpec([2, 4])).graph
+    ops = {op.name: op for op in graph.get_operations()}
+    gated = [op for op in ops.values() if op.control_inputs and op.type == "MatMul"]
+    gates = {g.type for op in gated for g in op.control_inputs}
+    # The two weights' matmuls (x^T dh, h^T dy) wait for a no-op over I's gradient.
+    assert len(gated) == 2 and gates == {"NoOp"}
+    (gate,) = {g for op in gated for g in op.control_inputs}
+    (dx,) = gate.control_inputs  # x's gradient: dh @ a^T
+    assert dx.type == "MatMul" and dx not in gated
+    x = tf.ones([2, 4])
+    both = [g.numpy() for g in split(x)]
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = run(x)
+    want = tape.gradient(y, [x, a, b])
+    assert all(abs(g - w.numpy()).max() < 1e-6 for g, w in zip(both, want))
 
 
 def test_each_difference_is_of_readings_taken_in_pairs(monkeypatch):

@@ -14,7 +14,13 @@ waiting for the last one's results, and return one float; and F once. F is its c
 less its one run, over copies - 1: the forward as it runs inside a step, without a
 call's own cost and the copying of its arguments and results (those are the action's,
 device_rates.MeasureActionSeconds). I is the second kind's copies less F's, over
-copies; W the third's, B (both in one action, CellTimes.backward) the fourth's. Each
+copies; B (both in one action, CellTimes.backward) the fourth's. W is what a split
+backward's W runs: the ops that only the weights' gradient needs, after I (the
+executor holds them from I, executor.WeightOnlyOps), timed as both gradients so split
+less I. The third kind's copies less F's would count twice what the two gradients
+share (a MultiHeadAttention's softmax backward: the Keras classifier's ZB-V steps were
+predicted 22% over their measured time so). A cell without floating-point inputs has
+no I, and its W is the third kind less F. Each
 difference is the median of `repeats` pairs of the two functions timed one right
 after the other, after a warm-up: a slow spell of a shared machine then slows both
 readings of a pair alike. A cell whose F takes LONG_S or more once is timed once per
@@ -46,7 +52,7 @@ import tensorflow as tf
 
 from lingpipe import base_layer, hyperparams
 from lingpipe.pipeline.planning import cost_model, costs
-from lingpipe.pipeline.step import micro_batch
+from lingpipe.pipeline.step import executor, gradient_sums, micro_batch
 
 __all__ = [
     "Dense",
@@ -114,9 +120,9 @@ def UnitSeconds(
     Each kind is timed as it runs inside a step (_Kinds): F as `copies` runs in a row in
     one function less one run (each copy waits for the last one's results), without
     the call, its arguments and its results (those are the action's,
-    device_rates.MeasureActionSeconds); I, W and B each as the kind's copies less F's,
-    what the gradients add to the forward. A unit whose F takes LONG_S or more once
-    is timed once per kind."""
+    device_rates.MeasureActionSeconds); I and B each as the kind's copies less F's,
+    what the gradients add to the forward; W as what the weights' own ops add to I
+    (the module doc). A unit whose F takes LONG_S or more once is timed once per kind."""
     out = run(*args)
     units = [(run, list(weights), args, None)]
     has_floats = any(t.dtype.is_floating for t in tf.nest.flatten(args))
@@ -138,8 +144,9 @@ def TogetherSeconds(units: Sequence[tuple], repeats: int, copies: int = 4) -> tu
 def _Kinds(
     units: Sequence[tuple], kinds: Sequence[str], repeats: int, copies: int
 ) -> tuple[float, dict[str, float]]:
-    """(F's seconds, {kind: its seconds beyond F} for `kinds` of I, W, B), every unit
-    (run, weights, args, device or None) running each at once (UnitSeconds).
+    """(F's seconds, {kind: its seconds beyond F (W: beyond I)} for `kinds` of I, W,
+    B), every unit (run, weights, args, device or None) running each at once
+    (UnitSeconds).
 
     Every difference is of two functions timed in pairs, one right after the other
     (_PairedDifference): a kind less F, not each timed on its own and subtracted
@@ -164,12 +171,21 @@ def _Kinds(
 
     one = Run("F", 1)
     alone = _Median(one, repeats)
-    if alone >= LONG_S:  # a call's own cost is under 1% of it: no copies needed
-        return alone, {k: max(0.0, _PairedDifference(Run(k, 1), one, repeats)) for k in kinds}
-    many = Run("F", copies)
-    forward = max(0.0, _PairedDifference(many, one, repeats) / (copies - 1))
-    beyond = {k: max(0.0, _PairedDifference(Run(k, copies), many, repeats) / copies) for k in kinds}
-    return forward, beyond
+    n = 1 if alone >= LONG_S else copies  # long: a call's own cost is under 1% of it
+    base = {"F": one if n == 1 else Run("F", copies)}
+    if "I" in kinds:
+        base["I"] = Run("I", n)
+
+    def Beyond(kind: str) -> float:
+        # W after I: what the weights' own ops add to I (_Once's "IW"); the others: what
+        # they add to F.
+        split = kind == "W" and "I" in kinds
+        first = Run("IW", n) if split else base.get(kind) or Run(kind, n)
+        second = base["I"] if split else base["F"]
+        return max(0.0, _PairedDifference(first, second, repeats) / n)
+
+    forward = alone if n == 1 else max(0.0, _PairedDifference(base["F"], one, repeats) / (n - 1))
+    return forward, {k: Beyond(k) for k in kinds}
 
 
 def _PairedDifference(first: Callable[[], Any], second: Callable[[], Any], repeats: int) -> float:
@@ -189,7 +205,10 @@ def _Seconds(fn: Callable[[], Any]) -> float:
 
 
 def _Once(run: Callable[..., Any], weights: list, kind: str, inputs: tuple) -> list:
-    """`kind` of the unit `run` once on `inputs`: its outputs (F) or its gradients."""
+    """`kind` of the unit `run` once on `inputs`: its outputs (F) or its gradients: of
+    the inputs (I), of the weights (W), of both (B), or of both as a split backward runs
+    them (IW): the ops only the weights' gradient needs wait for the inputs' gradient,
+    as the executor holds them from I for W (executor.WeightOnlyOps)."""
     flat = [t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
     with tf.GradientTape() as tape:
         tape.watch(flat)
@@ -197,9 +216,21 @@ def _Once(run: Callable[..., Any], weights: list, kind: str, inputs: tuple) -> l
     ys = [o for o in tf.nest.flatten(y) if o.dtype.is_floating]
     if kind == "F" or not ys:
         return tf.nest.flatten(y)
-    picked = {"I": flat, "W": weights, "B": flat + weights}[kind]
+    picked = {"I": flat, "W": weights, "B": flat + weights, "IW": flat + weights}[kind]
     dys = [tf.ones_like(o) for o in ys]
+    graph = tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations())
     grads = tape.gradient(ys, picked, output_gradients=dys) if picked else []
+    if kind == "IW" and tf.inside_function():
+        inputs_grads = [g for g in grads[: len(flat)] if g is not None]
+        weights_grads = Dense([g for g in grads[len(flat) :] if g is not None])
+        done = tf.group(*inputs_grads)
+        held = executor.WeightOnlyOps(
+            graph.get_operations()[first:], inputs_grads, gradient_sums.Tensors(weights_grads)
+        )
+        for op in held:
+            op._add_control_input(done)  # noqa: SLF001 (W waits for I, as in the step)
+        grads = inputs_grads + weights_grads
     return Dense([g for g in grads if g is not None]) or tf.nest.flatten(y)
 
 
