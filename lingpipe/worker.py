@@ -10,8 +10,11 @@ address from TF_CONFIG and offers its accelerators, or its CPU split into
 `--logical_devices` devices, to the trainer (`--strategy=hosts`), which connects
 as the cluster's `chief`, places variables and stages on the workers' devices and
 runs the steps. The worker prints one line per device it offers and then waits
-until it is stopped: SIGTERM or SIGINT exit with status 0. It keeps no state of
-its own; the trainer writes the checkpoints, so a worker restarted on the same
+until it is stopped: SIGTERM or SIGINT exit with status 0, after a line with the
+most memory its devices held since it started (each GPU's allocator, or the CPU's
+one allocator): the peak of each stage that this host ran, where the trainer
+(whose own devices share no allocator with it) cannot read it. It keeps no state
+of its own; the trainer writes the checkpoints, so a worker restarted on the same
 address serves a resumed run.
 
 Exit status: 0 stopped by SIGTERM or SIGINT, 2 bad TF_CONFIG or flags, 1 the
@@ -103,6 +106,26 @@ def _StartServer(cluster: dict, task_type: str, index: int, logical_devices: int
     return server, _OfferedDevices(task_type, index, num_cpus, num_gpus)
 
 
+def PeakLine(devices: list[str]) -> str:
+    """`peak memory: CPU (one allocator) 12.5 MiB (13107200 bytes)`: the most each
+    allocator of `devices` (the offered ones: the GPUs' where there are any, else the
+    CPU's) held since the process started; a line saying why where it cannot be read."""
+    from lingpipe.pipeline.observe import memory
+
+    gpus = [d for d in devices if "/device:GPU:" in d]
+    local = [d.split("/device:")[1] for d in gpus or devices[:1]]
+    try:
+        peaks = memory.MeasuredPeaks([f"/device:{d}" for d in local])
+    except Exception as e:  # noqa: BLE001 - an allocator without statistics
+        return f"peak memory: not known ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+    parts = [
+        f"{'CPU (one allocator)' if key.startswith('all CPU') else key.strip('/')} "
+        f"{b / 2**20:.1f} MiB ({b} bytes)"
+        for key, b in peaks.items()
+    ]
+    return "peak memory: " + ", ".join(parts)
+
+
 def _Flags(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=_PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -128,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{_PROG}: error: {e}", file=sys.stderr)
         return 2
     address = cluster[task_type][index]
+    # Every allocation counted in the CPU allocator's peak (cluster.SetLogicalCpuDevices
+    # says why), as the trainer's own devices count them.
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     from lingpipe import tf_logs
 
     tf_logs.ImportTensorFlow()  # no banner; C++ INFO lines (session options) off
@@ -151,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         while stop.received is None:
             time.sleep(0.2)
     name = stop.received
-    print(f"{_PROG}: stopped by {name}", flush=True)
+    print(f"{_PROG}: stopped by {name}; {PeakLine(devices)}", flush=True)
     # The server has no clean shutdown; its threads would keep a normal exit waiting.
     os._exit(0)
 

@@ -238,10 +238,9 @@ def test_the_worker_catches_a_stop_signal_sent_the_moment_it_says_ready(monkeypa
         for s, handler in previous.items():
             signal.signal(s, handler)
     assert ended.value.code == 0
-    assert capsys.readouterr().out.splitlines()[-2:] == [
-        "lingpipe.worker: ready",
-        "lingpipe.worker: stopped by SIGTERM",
-    ]
+    ready, stopped = capsys.readouterr().out.splitlines()[-2:]
+    assert ready == "lingpipe.worker: ready"
+    assert re.fullmatch(_STOPPED, stopped), stopped
 
 
 def test_stage_host_prints_its_devices_and_no_banner(tmp_path):
@@ -273,13 +272,21 @@ def test_stage_host_prints_its_devices_and_no_banner(tmp_path):
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
-    assert log.read_text().splitlines() == [
+    *lines, stopped = log.read_text().splitlines()
+    assert lines == [
         f"lingpipe.worker: serving worker 0 at {worker} with 2 device(s):",
         "  /job:worker/replica:0/task:0/device:CPU:0",
         "  /job:worker/replica:0/task:0/device:CPU:1",
         "lingpipe.worker: ready",
-        "lingpipe.worker: stopped by SIGTERM",
     ]
+    assert re.fullmatch(_STOPPED, stopped), stopped
+
+
+# The worker's last line: how it stopped, and the most its devices' allocator held.
+_STOPPED = (
+    r"lingpipe\.worker: stopped by SIGTERM; "
+    r"peak memory: CPU \(one allocator\) [0-9.]+ MiB \([0-9]+ bytes\)"
+)
 
 
 @pytest.mark.slow

@@ -340,3 +340,42 @@ def test_a_worker_address_with_nothing_listening_exits_2_naming_it(tmp_path):
         "answer (ConnectionRefusedError"
     ), last
     assert "after 3 s" in last and not os.path.exists(f"{tmp_path}/run")
+
+
+# A chief that places 16 MiB of weights and a product of them on worker 0's device.
+_PLACES_16_MIB = """
+import json, sys
+import tensorflow as tf
+from lingpipe.runners import hosts
+hosts.Connect(hosts.ReadCluster(sys.argv[1]))
+with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
+    w = tf.Variable(tf.ones([1024, 4096]))
+    print(float(tf.reduce_sum(tf.matmul(w, w, transpose_b=True)[:1, :1])))
+"""
+
+
+def test_a_stopped_worker_says_the_most_its_devices_held_counting_what_the_chief_placed(
+    tmp_path,
+):
+    # The trainer cannot read another process's allocator: each host says its own peak
+    # (the stage's weights, activations and slots), what bench/plan_hosts.py reads.
+    spec = Cluster(1)
+    with Workers(spec, str(tmp_path)) as (proc,):
+        chief = dict(spec, chief=[f"127.0.0.1:{FreePorts(1)[0]}"])
+        env = dict(Env(), TF_CONFIG=TfConfig(chief, "chief", 0))
+        done = subprocess.run(
+            [sys.executable, "-c", _PLACES_16_MIB, TfConfig(chief, "chief", 0)],
+            capture_output=True, text=True, timeout=DEADLINE_S, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    last = open(os.path.join(tmp_path, "worker0.log")).read().splitlines()[-1]
+    found = re.fullmatch(
+        r"lingpipe\.worker: stopped by SIGTERM; peak memory: CPU \(one allocator\) "
+        r"[0-9.]+ MiB \(([0-9]+) bytes\)",
+        last,
+    )
+    assert found, last
+    # The weights (16 MiB) and their 1024 x 1024 product (4 MiB) at once, at least.
+    assert int(found.group(1)) >= 20 * 2**20, last
