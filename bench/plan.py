@@ -206,15 +206,16 @@ def _Slice(inputs, r: int, replicas: int):
     return tf.nest.map_structure(One, inputs)
 
 
-def BuildStep(pipe_p, inputs, loss_fn, c):
-    """A traced Adam training step of candidate c: R pipelines of K stages (module doc)."""
+def BuildStep(pipe_p, inputs, loss_fn, c, devices=DEVICES):
+    """A traced Adam training step of candidate c: R pipelines of K stages (module doc),
+    replica r on `devices[r * K : (r + 1) * K]`."""
     import tensorflow as tf
 
     from lingpipe import optimizers
 
-    pipes = []
+    pipes, all_devices = [], devices
     for r in range(c.replicas):
-        devices = list(DEVICES[r * c.num_stages : (r + 1) * c.num_stages])
+        devices = list(all_devices[r * c.num_stages : (r + 1) * c.num_stages])
         p = pipe_p.Copy().Set(name=f"pipe{r}", devices=devices, **c.Settings())
         pipes.append(p.Instantiate())
     variables = [tf.nest.flatten(pipe.theta) for pipe in pipes]
@@ -230,7 +231,10 @@ def BuildStep(pipe_p, inputs, loss_fn, c):
             out = pipe.ForwardBackward(pipe.theta, x, loss_fn)
             grads.append(tf.nest.flatten(out.theta_grads))
             losses.append(out.metrics.loss[0])
-        mean = [tf.add_n(list(g)) / len(g) if g[0] is not None else None for g in zip(*grads)]
+        mean = []  # each weight's, on replica 0's copy's device (as the trainer averages)
+        for v, g in zip(variables[0], zip(*grads)):
+            with tf.device(v.device):
+                mean.append(None if g[0] is None else g[0] if len(g) == 1 else tf.add_n(g) / len(g))
         for opt, vs in zip(opts, variables):
             opt.Apply(mean, vs, learning_rate=1e-4)
         return tf.add_n(losses)

@@ -144,6 +144,17 @@ TITLES: dict[str, tuple[str, str, str]] = {
         "python bench/plan.py --models=mlp --threads=default --no_plan100 "
         "--out=bench/results/plan_default_threads.json --against=FILE",
     ),
+    "plan_hosts": (
+        "The memory estimate per device, each device with an allocator of its own",
+        "The grid's configurations (bench/results/plan.json) at M 1 and 8, remat never "
+        "and always, each stage in a process of its own: two `lingpipe.worker` processes "
+        "over loopback (one CPU device each) and a chief, `--strategy=hosts`'s way. Per "
+        "device (lists in device order), `estimate_mib` the memory estimate "
+        "(memory.DeviceMemory, what the planner's cap bounds), `measured_mib` the most its "
+        "worker's allocator held (the worker's stop line), `memory_err` estimate / "
+        "measured - 1; `one_process_err` the grid's row, both devices in one allocator.",
+        "python bench/plan_hosts.py",
+    ),
     "pairs": (
         "Pairs timed in turn",
         "Two configurations built side by side and timed in turn (bench/pairs.py): "
