@@ -13,8 +13,9 @@ steps and then 5 more. Each worker, stopped, prints the most its allocator held 
 it started (lingpipe.worker.PeakLine): its stage's weights, Adam's slots, activations
 and gradients, and the tensors that crossed to it. Against it, the estimate of that
 device (memory.DeviceMemory, what the planner caps), its partition the one the
-grid's row of the same configuration ran (bench/results/plan.json). Workers run
-TensorFlow's default threads; the grid, one per device.
+grid's row of the same configuration ran (bench/results/plan.json). The workers run
+`--worker_threads` (intra-op, inter-op; default TensorFlow's own); the grid's one
+process runs 1 and 2 for both devices.
 
 A benchmark, never a test.
 """
@@ -94,8 +95,9 @@ def _Peak(log: str) -> int | None:
     return None
 
 
-def Measure(model: str, row: dict, steps: int) -> dict:
-    """One configuration: two workers, the chief, the workers stopped and read."""
+def Measure(model: str, row: dict, steps: int, threads: tuple[int, int] = (0, 0)) -> dict:
+    """One configuration: two workers (`threads`: their intra- and inter-op threads),
+    the chief, the workers stopped and read."""
     ports = _FreePorts(3)
     spec = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
@@ -106,7 +108,8 @@ def Measure(model: str, row: dict, steps: int) -> dict:
         logs = [os.path.join(logdir, f"worker{i}.log") for i in range(2)]
         workers = [
             subprocess.Popen(
-                [sys.executable, "-m", "lingpipe.worker", "--logical_devices=1"],
+                [sys.executable, "-m", "lingpipe.worker", "--logical_devices=1",
+                 f"--intra_op_threads={threads[0]}", f"--inter_op_threads={threads[1]}"],
                 stdout=open(log, "w"), stderr=subprocess.STDOUT,
                 env=dict(env, TF_CONFIG=_TfConfig(spec, "worker", i)),
             )
@@ -137,7 +140,7 @@ def Rows(model: str, grid_rows: list, args) -> list:
             continue
         if r["partition"] != "flops" or (args.schedules and r["schedule"] not in args.schedules):
             continue
-        found = Measure(model, r, args.steps)
+        found = Measure(model, r, args.steps, args.worker_threads)
         row = dict(model=model, R=r["R"], K=r["K"], M=r["M"], schedule=r["schedule"], v=r["v"])
         row.update(remat=r["remat"], cells=r["cells"])
         if "error" in found:
@@ -185,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--remats", default=",".join(DEFAULT["remats"]))
     ap.add_argument("--schedules", default="", help="default: every one the grid ran")
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument(
+        "--worker_threads", default="0,0", help="each worker's intra,inter-op threads (0: TF's)"
+    )
     ap.add_argument("--grid", default=os.path.join(RESULTS, "plan.json"))
     ap.add_argument("--out", default=os.path.join(RESULTS, "plan_hosts.json"))
     args = ap.parse_args(argv)
@@ -193,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(Chief(job["model"], job["row"], job["steps"])))
         return 0
     args.micro_batches = [int(m) for m in args.micro_batches.split(",")]
+    args.worker_threads = tuple(int(t) for t in args.worker_threads.split(","))
     args.remats = args.remats.split(",")
     args.schedules = [s for s in args.schedules.split(",") if s]
     grid = json.load(open(args.grid))
@@ -204,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         grid=os.path.relpath(args.grid, os.path.dirname(HERE)),
         grid_date=grid.get("date"),
         seconds=round(time.perf_counter() - start, 1),
+        worker_threads=dict(zip(("intra_op", "inter_op"), args.worker_threads)),
         notes=[
             "Each row: two worker processes (one CPU device each, TensorFlow's default "
             "threads) and a chief; per device, the estimate (memory.DeviceMemory) against "

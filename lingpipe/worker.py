@@ -88,12 +88,19 @@ def _OfferedDevices(task_type: str, index: int, num_cpus: int, num_gpus: int) ->
     return gpus + [f"{prefix}/device:CPU:{i}" for i in range(num_cpus)]
 
 
-def _StartServer(cluster: dict, task_type: str, index: int, logical_devices: int):
-    """Starts the task's `tf.distribute.Server`; returns (server, offered device names)."""
+def _StartServer(
+    cluster: dict, task_type: str, index: int, logical_devices: int, intra: int = 0, inter: int = 0
+):
+    """Starts the task's `tf.distribute.Server` (`intra`, `inter`: its op threads, 0:
+    TensorFlow's default); returns (server, offered device names)."""
     import tensorflow as tf
 
     num_cpus = max(logical_devices, 1)
-    config = tf.compat.v1.ConfigProto(device_count={"CPU": num_cpus})
+    config = tf.compat.v1.ConfigProto(
+        device_count={"CPU": num_cpus},
+        intra_op_parallelism_threads=intra,
+        inter_op_parallelism_threads=inter,
+    )
     num_gpus = len(tf.config.list_physical_devices("GPU"))
     server = tf.distribute.Server(
         tf.train.ClusterSpec(cluster),
@@ -135,11 +142,24 @@ def _Flags(argv: list[str]) -> argparse.Namespace:
         help="Split this host's CPU into this many devices for stages (0: one CPU device). "
         "GPUs, when present, are offered as they are.",
     )
+    for name in ("intra_op_threads", "inter_op_threads"):
+        parser.add_argument(
+            f"--{name}",
+            type=int,
+            default=0,
+            help=f"TensorFlow {name.split('_')[0]}-op threads of this host (0: TF's default).",
+        )
     flags = parser.parse_args(argv)
     if not 0 <= flags.logical_devices <= 64:
         parser.error(
             f"--logical_devices: expected an integer in [0, 64], received {flags.logical_devices}"
         )
+    for name in ("intra_op_threads", "inter_op_threads"):
+        if getattr(flags, name) < 0:
+            parser.error(
+                f"--{name}: expected an integer >= 0 (0: TensorFlow's default), "
+                f"received {getattr(flags, name)}"
+            )
     return flags
 
 
@@ -158,7 +178,14 @@ def main(argv: list[str] | None = None) -> int:
 
     tf_logs.ImportTensorFlow()  # no banner; C++ INFO lines (session options) off
     try:
-        _, devices = _StartServer(cluster, task_type, index, flags.logical_devices)
+        _, devices = _StartServer(
+            cluster,
+            task_type,
+            index,
+            flags.logical_devices,
+            flags.intra_op_threads,
+            flags.inter_op_threads,
+        )
     except Exception as e:  # noqa: BLE001 - TensorFlow raises several kinds here
         reason = " ".join(str(e).split())[:300]
         print(

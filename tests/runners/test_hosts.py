@@ -70,6 +70,23 @@ def test_tf_config_errors_say_what_the_trainer_and_worker_expect():
         worker.ReadTask(TfConfig(spec, "worker", 3))
 
 
+def test_a_worker_s_thread_flags_reach_its_server_and_a_negative_one_is_one_line(
+    monkeypatch, capsys
+):
+    import tensorflow as tf
+
+    made = []
+    monkeypatch.setattr(tf.distribute, "Server", lambda *a, **kw: made.append(kw["config"]))
+    worker._StartServer({"worker": ["a:1"]}, "worker", 0, 1, 1, 2)  # noqa: SLF001
+    assert (made[0].intra_op_parallelism_threads, made[0].inter_op_parallelism_threads) == (1, 2)
+    with pytest.raises(SystemExit) as ended:
+        worker.main(["--inter_op_threads=-1"])
+    assert ended.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith("--inter_op_threads: expected an integer >= 0 (0: TensorFlow's "
+                         "default), received -1"), last  # fmt: skip
+
+
 def test_a_worker_lost_during_a_save_is_named_not_reported_as_an_unwritable_checkpoint():
     from lingpipe.runners import checkpointer, train_loop
 
