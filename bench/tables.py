@@ -155,6 +155,14 @@ TITLES: dict[str, tuple[str, str, str]] = {
         "measured - 1; `one_process_err` the grid's row, both devices in one allocator.",
         "python bench/plan_hosts.py",
     ),
+    "plan_hosts_worker_threads": (
+        "The memory estimate per device, workers with the grid's threads (MLP)",
+        "The MLP rows of the section above again, each worker with one intra-op and two "
+        "inter-op threads (the grid's one process has these for both devices) instead of "
+        "TensorFlow's default.",
+        "python bench/plan_hosts.py --models=mlp --worker_threads=1,2 "
+        "--out=bench/results/plan_hosts_worker_threads.json",
+    ),
     "pairs": (
         "Pairs timed in turn",
         "Two configurations built side by side and timed in turn (bench/pairs.py): "
