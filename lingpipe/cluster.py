@@ -18,6 +18,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -25,6 +26,7 @@ __all__ = [
     "AvailableDevices",
     "CanonicalDevice",
     "DescribeGroups",
+    "DeviceNames",
     "HostOf",
     "MAX_LOGICAL_CPU_DEVICES",
     "PipelineDevices",
@@ -150,11 +152,29 @@ def StageDevices(num_stages: int, device_type: str | None = None) -> list[str]:
     return devices[:num_stages]
 
 
+def DeviceNames(devices: Any, where: str) -> list[str] | None:
+    """`devices` (a pipeline's, one per stage) as a list, or None; a number or a single
+    name is one ValueError line beginning with `where` (a string would otherwise be
+    read as its characters)."""
+    if devices is None:
+        return None
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
+        hint = ""
+        if isinstance(devices, int) and not isinstance(devices, bool):
+            hint = f" (for {devices} stages on the first {devices} devices, num_stages={devices})"
+        raise ValueError(
+            f"{where}: expected devices to be a list of device names, one per stage, or None "
+            f"for the first num_stages devices; received devices={devices!r}{hint}"
+        )
+    return list(devices)
+
+
 def PipelineDevices(
     devices: Sequence[str] | None, num_stages: int, where: str = "pipeline"
 ) -> list[str]:
     """A pipeline's devices: `devices` (one per stage) as CanonicalDevice names, or for
     None the first `num_stages` StageDevices; errors begin with `where`."""
+    devices = DeviceNames(devices, where)
     if devices is None:
         try:
             return StageDevices(num_stages)

@@ -33,6 +33,13 @@ def test_pipeline_devices_checks_the_list_or_takes_the_first_stage_devices():
         cluster.PipelineDevices(["CPU:0"], 2, "pipe")
     with pytest.raises(ValueError, match="pipe: device 'CPU:8' does not exist"):
         cluster.PipelineDevices(["CPU:0", "CPU:8"], 2, "pipe")
+    # One name, not read as its characters; a number, with what to pass instead.
+    with pytest.raises(ValueError, match=r"pipe: expected devices to be a list of device "
+                       r"names, one per stage, .*; received devices='CPU:0'$"):  # fmt: skip
+        cluster.PipelineDevices("CPU:0", 2, "pipe")
+    with pytest.raises(ValueError, match=r"received devices=2 \(for 2 stages on the first "
+                       r"2 devices, num_stages=2\)$"):  # fmt: skip
+        cluster.PipelineDevices(2, 2, "pipe")
 
 
 def test_set_again_is_idempotent_and_changing_after_init_is_clear():

@@ -65,6 +65,7 @@ from typing import Any
 
 import keras
 
+from lingpipe import cluster
 from lingpipe.keras import graph as graph_lib
 from lingpipe.keras import graph_pipeline, model_base, preprocessing
 from lingpipe.keras import plan as plan_lib
@@ -147,7 +148,7 @@ class Pipeline(model_base.PipelineModel):
             partition=partition if isinstance(partition, str) else list(partition),
             schedule=schedule,
             remat=remat,
-            devices=None if devices is None else list(devices),
+            devices=cluster.DeviceNames(devices, "lingpipe.keras.Pipeline"),
             num_virtual_stages=num_virtual_stages,
         )
         if plan is not None or memory_per_device is not None or batch_size is not None:

@@ -41,6 +41,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from lingpipe import cluster
 from lingpipe.keras import model_base
 from lingpipe.layers import gpipe, keras_cell
 from lingpipe.pipeline.step import settings
@@ -165,6 +166,7 @@ class PipelinedSequential(model_base.PipelineModel):
         input_shape: Sequence[int | None] | None = None,
         **kwargs: Any,
     ) -> None:
+        devices = cluster.DeviceNames(devices, "PipelinedSequential")
         model_base.EnsureDevices(num_stages, devices, "PipelinedSequential")
         super().__init__(**kwargs)
         where = f"PipelinedSequential {self.name!r}"
@@ -177,7 +179,7 @@ class PipelinedSequential(model_base.PipelineModel):
             num_micro_batches=num_micro_batches,
             remat=remat,
             schedule=schedule,
-            devices=None if devices is None else list(devices),
+            devices=devices,
             num_virtual_stages=num_virtual_stages,
             partition=partition,
         )

@@ -153,6 +153,17 @@ def test_unbuilt_sequential_and_subclassed_model_are_refused():
         lpk.Pipeline(Sub(), num_stages=1)
 
 
+def test_devices_given_as_a_number_or_one_name_is_one_line():
+    # Plan(model, devices=2) takes a number of devices; a Pipeline's devices are its
+    # stages' names. A number was a TypeError; one name was read as its characters.
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match=r"^lingpipe.keras.Pipeline: expected devices to be a "
+                       r"list .* received devices=2 \(.*num_stages=2\)$"):  # fmt: skip
+        lpk.Pipeline(model, devices=2)
+    with pytest.raises(ValueError, match=r"^PipelinedSequential: .* received devices='CPU:1'$"):
+        lpk.PipelinedSequential([keras.layers.Dense(2)], num_stages=2, devices="CPU:1")
+
+
 def test_shared_nested_model_and_shared_layer_called_twice():
     """A siamese net: one backbone called on two inputs, one Dense applied to both halves."""
     keras.utils.set_random_seed(6)
