@@ -218,10 +218,11 @@ def _Once(run: Callable[..., Any], weights: list, kind: str, inputs: tuple) -> l
         return tf.nest.flatten(y)
     picked = {"I": flat, "W": weights, "B": flat + weights, "IW": flat + weights}[kind]
     dys = [tf.ones_like(o) for o in ys]
+    split = kind == "IW" and tf.inside_function()
     graph = tf.compat.v1.get_default_graph()
-    first = len(graph.get_operations())
+    first = len(graph.get_operations()) if split else 0
     grads = tape.gradient(ys, picked, output_gradients=dys) if picked else []
-    if kind == "IW" and tf.inside_function():
+    if split:
         inputs_grads = [g for g in grads[: len(flat)] if g is not None]
         weights_grads = Dense([g for g in grads[len(flat) :] if g is not None])
         done = tf.group(*inputs_grads)
