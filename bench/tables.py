@@ -130,6 +130,16 @@ TITLES: dict[str, tuple[str, str, str]] = {
         "--schedules=gpipe,1f1b,zero_bubble --remats=never,always --no_plan100 "
         "--out=bench/results/plan_replay.json --against=bench/results/plan.json",
     ),
+    "plan_lm32k_w": (
+        "The 32k LM's grid in part, W profiled after I",
+        "M in {1, 8}, remat never, every schedule; measured after a split backward's W "
+        "was profiled as the weights' own ops after I (the full grid's 32k LM rows above "
+        "predate it). `repeat` compares each configuration's measured step with the full "
+        "grid's.",
+        "python bench/plan.py --models=lm32k --micro_batches=1,8 --remats=never "
+        "--builds=1 --no_plan100 --out=bench/results/plan_lm32k_w.json "
+        "--against=bench/results/plan.json",
+    ),
     "plan_default_threads": (
         "The planner's grid under TensorFlow's default threads (MLP)",
         "The grid above runs one thread per device (intra-op 1, inter-op 2). The trainer "
@@ -187,7 +197,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "memory_err", "load", "error",
     ),
 }  # fmt: skip
-COLUMNS["plan_replay"] = COLUMNS["plan_default_threads"] = COLUMNS["plan"]
+COLUMNS["plan_replay"] = COLUMNS["plan_default_threads"] = COLUMNS["plan_lm32k_w"] = COLUMNS["plan"]
 COLUMNS["pairs"] = (
     "pair", "model", "M", "cap_mib", "first", "second", "predicted_ratio", "ratio",
     "ratio_min", "ratio_max", "pick_vs_best", "first_s", "second_s", "error",
