@@ -129,9 +129,10 @@ def _Kept(c):
     return generators.Make(c.schedule, c.num_stages, c.num_micro_batches, c.num_virtual_stages)
 
 
-def EstimateDevices(pipe_p, inputs, c, traced_cache: dict) -> tuple[list[int], int]:
-    """The estimate per device of one pipeline of candidate c (Adam's slots), and the
-    pipeline's total in one allocator (memory.HostMemory)."""
+def EstimateDevices(pipe_p, inputs, c, traced_cache: dict, replica: int = 0) -> tuple[list, int]:
+    """The estimate per device of replica `replica`'s pipeline of candidate c (Adam's
+    slots; replica 0's devices also average the gradients), and one pipeline's total in
+    one allocator (memory.HostMemory: there the replicas' gradients are not copied)."""
     from lingpipe import optimizers
     from lingpipe.pipeline.observe import memory
     from lingpipe.pipeline.planning import partition
@@ -143,20 +144,26 @@ def EstimateDevices(pipe_p, inputs, c, traced_cache: dict) -> tuple[list[int], i
     if key not in traced_cache:
         traced_cache[key] = memory.TracedFor(pipe_p, pipe_p.cell_tpl, specs, c.num_micro_batches)
     bounds = [list(range(a, b)) for a, b in partition.Boundaries(list(c.partition))]
-    stages = memory.Estimate(
-        pipe_p,
-        pipe_p.cell_tpl,
-        bounds,
-        specs,
-        sched,
-        remat.Kept(sched, c.remat),
-        optimizers.Adam.Params(),
-        traced=traced_cache[key],
-    )
-    per_device = [[] for _ in range(c.num_stages)]
-    for s, stage in enumerate(stages):
-        per_device[sched.DeviceOf(s)].append(stage)
-    return [memory.DeviceMemory(ms).total for ms in per_device], memory.HostMemory(per_device)
+
+    def PerDevice(replicas: int) -> list[list]:
+        stages = memory.Estimate(
+            pipe_p,
+            pipe_p.cell_tpl,
+            bounds,
+            specs,
+            sched,
+            remat.Kept(sched, c.remat),
+            optimizers.Adam.Params(),
+            traced=traced_cache[key],
+            replicas=replicas,
+        )
+        per_device = [[] for _ in range(c.num_stages)]
+        for s, stage in enumerate(stages):
+            per_device[sched.DeviceOf(s)].append(stage)
+        return per_device
+
+    own = PerDevice(c.replicas if replica == 0 else 1)
+    return [memory.DeviceMemory(ms).total for ms in own], memory.HostMemory(PerDevice(1))
 
 
 def KerasEstimate(memory, c, batch: int) -> tuple[list[int], int]:

@@ -172,7 +172,8 @@ class RegisteredModel:
         return step, task.pipeline
 
     def Memory(self, c: Any) -> list[int]:
-        """Bytes per device of one pipeline of candidate `c` in a training step."""
+        """Bytes per device of one pipeline of candidate `c` in a training step: replica
+        0's, whose devices also average the replicas' gradients (the most loaded)."""
         from lingpipe.pipeline.observe import memory
         from lingpipe.pipeline.planning import partition
         from lingpipe.pipeline.schedules import generators
@@ -196,6 +197,7 @@ class RegisteredModel:
             remat.Kept(sched, c.remat),
             self.params.train.optimizer,
             traced=self._traced[key],
+            replicas=c.replicas,
         )
         per_device = [[] for _ in range(c.num_stages)]
         for s, stage in enumerate(stages):

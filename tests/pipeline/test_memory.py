@@ -25,7 +25,7 @@ from lingpipe import optimizers
 from lingpipe.layers import feedforward, gpipe, linear
 from lingpipe.pipeline.observe import memory, op_walk
 from lingpipe.pipeline.schedules import generators, simulate
-from lingpipe.pipeline.step import micro_batch
+from lingpipe.pipeline.step import micro_batch, remat
 
 CELL_W, STAGE_W, ACT, BATCH = 288, 576, 128, 512
 
@@ -379,6 +379,36 @@ def test_one_allocator_s_peak_is_the_stages_joint_peak_not_their_peaks_added():
     # Without step events (an estimate made before them): the parts of each, added.
     bare = [[dataclasses.replace(s, step_events=()) for s in ms] for ms in per_device]
     assert memory.HostMemory(bare) == 36
+
+
+def test_replica_0_s_devices_also_hold_the_other_replicas_gradients_to_average_them():
+    # The hand MLP under 1F1B with recompute and SGD. Replica 0 of R averages each
+    # gradient where its copy lives (train_loop.ReduceOnGradientDevices); the replicas
+    # run in lockstep, so the other R - 1 replicas' copies (576 a stage each) arrive as
+    # the stage's last B completes its own, and one mean (of W: 256) is made beside them.
+    p = Pipe("1f1b").params
+    sched = generators.Make("1f1b", 2, 4)
+
+    def Stages(replicas):
+        return memory.Estimate(
+            p, p.cell_tpl, [[0, 1], [2, 3]], tuple(p.input_shapes), sched,
+            remat.Kept(sched, "always"), optimizers.SGD.Params(), replicas=replicas,
+        )  # fmt: skip
+
+    alone = Stages(1)
+    assert [s.received for s in alone] == [0, 0]
+    sim = simulate.Simulate(sched)
+    last_b = sim.start[simulate.Action("B", 0, 3)]
+    for replicas, received in [(2, STAGE_W + 256), (3, 2 * STAGE_W + 256)]:
+        stages = Stages(replicas)
+        assert [s.received for s in stages] == [received, received]
+        # Held from the start of stage 0's last B to the step's end...
+        assert (last_b, received) in stages[0].step_events
+        assert (sim.makespan, -received) in stages[0].step_events
+        # ... on top of that B's peak, which is the device's peak alone.
+        assert memory.DeviceMemory([stages[0]]).total == (
+            memory.DeviceMemory([alone[0]]).total + received
+        )
 
 
 def test_a_split_backward_s_gradients_are_whole_from_its_first_w():

@@ -8,6 +8,13 @@ Per stage:
 - update: what the optimizer's update of the stage's largest variable makes, at the
   step's end (update_memory.UpdateCostOf: Adam two weight-sized tensors, SGD one); the
   activations and workspaces are freed by then.
+- received: with R > 1 replicas, replica 0's stages (Estimate's `replicas`) average
+  each gradient where their copy lives (train_loop.ReduceOnGradientDevices). The
+  replicas run in lockstep, so each other replica's copy of a gradient arrives as the
+  stage's own last backward completes it: from the start of that backward to the
+  step's end they hold (R - 1) x the gradients received and one mean being made (of
+  the largest weight). The copies come while that backward's activations and
+  workspace are still alive.
 - activations: what the step keeps alive for the backward under the schedule and the
   remat policy: the peak over the schedule's simulated time of what the micro-batches
   hold (`ActivationEvents`).
@@ -150,6 +157,8 @@ class StageMemory:
     peak_alive: int  # most micro-batches alive at once (simulate.Simulation.peak_alive)
     # The optimizer's update of the largest variable, at the step's end (update_memory).
     update: int = 0
+    # On replica 0 of R > 1: the other replicas' gradients received (module doc).
+    received: int = 0
     # (time, delta) of the activation bytes and of the alive micro-batches, for DeviceMemory.
     events: tuple = dataclasses.field(default=(), repr=False, compare=False)
     alive_events: tuple = dataclasses.field(default=(), repr=False, compare=False)
@@ -164,7 +173,7 @@ class StageMemory:
         if self.joint is not None:
             return self.joint
         held = self.weights + self.gradients + self.optimizer_slots
-        return held + max(self.activations + self.workspace, self.update)
+        return held + max(self.activations + self.workspace + self.received, self.update)
 
 
 def _Placeholder(spec: Any) -> tf.Tensor:
@@ -506,6 +515,7 @@ def DeviceMemory(stages: Sequence[StageMemory]) -> StageMemory:
         activations=acts + sum(s.activations - simulate.PeakOf(s.events) for s in stages),
         workspace=max(s.workspace for s in stages),
         update=sum(s.update for s in stages),
+        received=sum(s.received for s in stages),
         peak_alive=simulate.PeakOf([e for s in stages for e in s.alive_events]),
         joint=HostMemory([stages]) if timed else None,
     )
@@ -518,6 +528,7 @@ def StepEvents(
     spaces: Workspaces,
     update: int = 0,
     stage_devices: Sequence[int] | None = None,
+    received: int = 0,
 ) -> list[tuple[float, int]]:
     """(time, +bytes or -bytes) in `sim` of stage `stage`'s gradients, workspace
     (`spaces`, StageWorkspaces) and optimizer update. The workspace is held while each
@@ -526,7 +537,8 @@ def StepEvents(
     no other device's action overlaps holds what a B alone holds. The gradients are
     whole from the end of the first B, or from the start of the first W where the
     backward is split (an I makes none). The update (`update` bytes) comes at the
-    step's end, after every device's last action."""
+    step's end, after every device's last action. `received` (StageMemory.received) is
+    held from the start of the last action that makes gradients to the step's end."""
     backs = [a for a in sim.start if a.stage == stage and a.kind != FORWARD]
     makers = [
         a for a in backs
@@ -549,6 +561,9 @@ def StepEvents(
         events += [(sim.start[a], bytes_), (sim.end[a], -bytes_)]
     whole = sim.start[first] if first.kind == BACKWARD_WEIGHT else sim.end[first]
     events += [(whole, gradients)]
+    if received:
+        last = max(makers, key=lambda a: (sim.start[a], a))
+        events += [(sim.start[last], received), (sim.makespan, -received)]
     return events + ([(sim.makespan, update)] if update else [])
 
 
@@ -639,6 +654,7 @@ def Estimate(
     optimizer: Any = None,
     batch_dim: int = 0,
     traced: list[CellMemory] | None = None,
+    replicas: int = 1,
 ) -> list[StageMemory]:
     """Per stage, its memory in a training step (module doc), from params alone.
 
@@ -653,6 +669,10 @@ def Estimate(
       batch_dim: the inputs' batch dimension.
       traced: TraceCells of these cells for this micro-batch size, if already made (the
         planner reuses them over the schedules it tries).
+      replicas: R; above 1, the stages are replica 0's, which receive the other
+        replicas' gradients to average them (module doc: received).
+        On logical devices of one process those are the other replicas' own tensors,
+        not copies: HostMemory of such a process sums stages estimated with R = 1.
     """
     if len(stage_cells) != sched.num_stages:
         raise ValueError(
@@ -677,7 +697,9 @@ def Estimate(
         deferred = sum(c.deferred_bytes for c in mine)
         for_w = WeightHeld(mine, boundary, internal)
         gradients = sum(map(math.prod, shapes)) * size
-        update = update_cost.Bytes(max(map(math.prod, shapes), default=0) * size)
+        largest = max(map(math.prod, shapes), default=0) * size
+        update = update_cost.Bytes(largest)
+        received = (replicas - 1) * gradients + largest if replicas > 1 else 0
         spaces = StageWorkspaces(Units(mine), mine[-1].output_bytes, mine[0].input_bytes)
         events = ActivationEvents(
             sim, sched.num_micro_batches, k, kept, boundary, internal, deferred, for_w
@@ -694,9 +716,10 @@ def Estimate(
                 events=tuple(events),
                 alive_events=tuple(alive),
                 step_events=tuple(
-                    StepEvents(sim, k, gradients, spaces, update, sched.stage_devices)
+                    StepEvents(sim, k, gradients, spaces, update, sched.stage_devices, received)
                 ),
                 update=update if sched.has_backward else 0,
+                received=received if sched.has_backward else 0,
             )
         )
     return out
