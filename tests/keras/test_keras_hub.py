@@ -158,7 +158,7 @@ def test_a_keras_hub_task_with_a_preprocessor_fits_evaluates_and_predicts_on_str
     pipe = lpk.Pipeline(task, num_stages=2, num_micro_batches=2, schedule="1f1b", remat="always")
     texts = np.array(["a b a", "b b a c", "a a", "c a b c a", "b", "c c a"] * 4)
     validation = (texts[16:],)  # as validation_split=1/3 takes them (test below)
-    fit = dict(batch_size=8, epochs=2, validation_data=validation, verbose=0)
+    fit = dict(batch_size=8, epochs=1, validation_data=validation, verbose=0)
     ours, theirs = pipe.fit(texts[:16], **fit).history, plain.fit(texts[:16], **fit).history
     assert ours.keys() == theirs.keys() >= {"loss", "val_loss", "val_sparse_categorical_accuracy"}
     for key, values in theirs.items():
