@@ -518,6 +518,7 @@ def Row(model, pipe_p, inputs, loss_fn, c, batch, steps, traced) -> tuple[dict, 
     row["actions"] = _Signature(c)
     try:
         per_device, host = EstimateDevices(pipe_p, inputs, c, traced)
+        alone = EstimateDevices(pipe_p, inputs, c, traced, 1)[0] if c.replicas > 1 else per_device
         step = BuildStep(pipe_p, inputs, loss_fn, c)[0]
         seconds, best, peak = Measure(step, steps)
         profiled = _Above(ProfiledPeak(step), before)
@@ -527,7 +528,7 @@ def Row(model, pipe_p, inputs, loss_fn, c, batch, steps, traced) -> tuple[dict, 
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         return row, None
     row["load"] = round(os.getloadavg()[0], 2)
-    return row, (seconds, best, per_device, host, peak - before, (profiled[0], tensors))
+    return row, (seconds, best, per_device, host, peak - before, (profiled[0], tensors), alone)
 
 
 def _Above(profiled: tuple[int, int], before: int) -> tuple[int, int]:
@@ -535,13 +536,15 @@ def _Above(profiled: tuple[int, int], before: int) -> tuple[int, int]:
     return (profiled[0] - before, profiled[1] - before) if profiled[1] else (0, 0)
 
 
-def _Measured(row, replicas, predicted, calibrated, seconds, best, per_device, host, used, tensors):
+def _Measured(
+    row, replicas, predicted, calibrated, seconds, best, per_device, host, used, tensors, alone=None
+):
     """Fills a row's predictions (seconds; bytes per device of one pipeline and one
     allocator's total) against what was measured (median and least seconds; bytes
     used; a profiled step's peak above the same start, _Above; the tensors' peak,
     TensorsPeak), with their errors: memory_err against the allocator's peak,
     tensors_err against the most the tensors asked for (without the allocator's slack,
-    allocations.Peaks)."""
+    allocations.Peaks). `alone`: see _MemoryColumns (None: `per_device`)."""
     row["predicted_s"], row["calibrated_s"] = predicted, calibrated
     row["measured_s"], row["measured_best_s"] = seconds, best
     row["measured_mib"] = used / 2**20
@@ -550,15 +553,17 @@ def _Measured(row, replicas, predicted, calibrated, seconds, best, per_device, h
         row[key.replace("_s", "_err_best")] = row[key] / best - 1
     if tensors[1]:
         row["profiled_mib"], row["tensors_mib"] = tensors[0] / 2**20, tensors[1] / 2**20
-    _MemoryColumns(row, replicas, per_device, host)
+    _MemoryColumns(row, replicas, per_device, host, per_device if alone is None else alone)
 
 
-def _MemoryColumns(row: dict, replicas: int, per_device: list, host: int) -> None:
-    """A row's memory estimate (bytes per device of one pipeline, one allocator's total)
-    and its errors against what the row measured."""
+def _MemoryColumns(row: dict, replicas: int, per_device: list, host: int, alone: list) -> None:
+    """A row's memory estimate (bytes per device of replica 0's pipeline, one allocator's
+    total) and its errors against what the row measured. `alone`: per device of a
+    pipeline that receives no other replica's gradients, as none are copied in one
+    process (devices_sum_mib)."""
     row["peak_device_mib"] = [b / 2**20 for b in per_device]
     row["predicted_mib"] = replicas * host / 2**20
-    row["devices_sum_mib"] = replicas * sum(per_device) / 2**20
+    row["devices_sum_mib"] = replicas * sum(alone) / 2**20
     row["memory_err"] = row["predicted_mib"] / row["measured_mib"] - 1
     if "tensors_mib" in row:
         row["tensors_err"] = row["predicted_mib"] / row["tensors_mib"] - 1
@@ -596,7 +601,9 @@ def Reestimate(rows: list) -> None:
                 traced[row["model"]] = {}
             pipe_p, inputs, _ = models[row["model"]]
             per_device, host = EstimateDevices(pipe_p, inputs, c, traced[row["model"]])
-        _MemoryColumns(row, row["R"], per_device, host)
+            if c.replicas > 1:
+                alone = EstimateDevices(pipe_p, inputs, c, traced[row["model"]], 1)[0]
+        _MemoryColumns(row, row["R"], per_device, host, alone if c.replicas > 1 else per_device)
 
 
 def _AdamUpdate():
