@@ -230,3 +230,25 @@ def test_a_second_search_reuses_each_candidate_s_memory_estimate():
     assert len(calls) == first.searched == len(set(calls))
     planner.Search(costs, rates, 2, 2**30, 8, memory)
     assert len(calls) == first.searched
+
+
+def test_the_peaks_of_two_replicas_are_replica_0_s_which_receives_the_other_s_gradients():
+    from lingpipe.pipeline.observe import memory
+    from lingpipe.pipeline.step import remat
+
+    model = plan.RegisteredModel("lm.TransformerLmTiny", None)
+    two = planner.Candidate(2, 1, 2, "gpipe", 1, "always", (4,))
+    # Replica 0's device holds its own gradients and, as the trainer averages them
+    # there, the other replica's copies and one mean: here, where the last backward
+    # holds the peak, the estimate of a pipeline that receives none (replica 1's) plus
+    # the gradients and the largest of them.
+    (peak,) = model.Memory(two)
+    p = model._PipelineParams(16, **two.Settings())  # noqa: SLF001
+    sched = planner.ScheduleOf(two)
+    (alone,) = memory.Estimate(
+        p, p.cell_tpl, [[0, 1, 2, 3]], tuple(p.input_shapes), sched,
+        remat.Kept(sched, "always"), model.params.train.optimizer,
+    )  # fmt: skip
+    largest = max(v.numpy().nbytes for v in p.Instantiate().trainable_variables)
+    assert alone.received == 0
+    assert peak - memory.DeviceMemory([alone]).total == alone.gradients + largest
