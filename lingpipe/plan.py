@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -269,6 +270,8 @@ def Plan(
 
     `restrict`: planner.Candidates' keywords (stages, micro_batches, schedules, remats).
     `costs`: 'auto', 'profile' or 'flops' (ChooseCosts), or a planner.ModelCosts.
+    `rates`: planner.Rates, or a function that measures them, called once a candidate
+    fits (a cap too small is refused without them).
     The result's `costs_note` says which costs were used.
     """
     from lingpipe.pipeline.planning import planner
@@ -553,11 +556,11 @@ def main(argv: list[str] | None = None) -> int:
 
         restrict = Restrictions(args)
         model = RegisteredModel(args.model, args.global_batch)
-        rates = planner.MeasureRates()
+        rates = functools.cache(planner.MeasureRates)  # measured once something fits
         result = Plan(model, args.devices, cap, rates, restrict, costs=args.costs)
         if steps:
             first = result.costs_note
-            costs, rates, _, line = Calibrate(model, result, rates, args.devices, steps)
+            costs, rates, _, line = Calibrate(model, result, rates(), args.devices, steps)
             result = Plan(model, args.devices, cap, rates, restrict, costs=costs)
             result.costs_note = f"{first}; {line}"
     except PlanError as e:

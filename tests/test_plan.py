@@ -252,3 +252,15 @@ def test_the_peaks_of_two_replicas_are_replica_0_s_which_receives_the_other_s_gr
     largest = max(v.numpy().nbytes for v in p.Instantiate().trainable_variables)
     assert alone.received == 0
     assert peak - memory.DeviceMemory([alone]).total == alone.gradients + largest
+
+
+def test_a_cap_too_small_is_refused_before_the_device_s_rates_are_measured(monkeypatch, capsys):
+    # The rates only price candidates that fit: with none, measuring them (seconds of
+    # timed runs) would only delay the refusal.
+    def Measured(*args, **kwargs):
+        raise AssertionError("rates measured, though no candidate fits the cap")
+
+    monkeypatch.setattr(planner, "MeasureRates", Measured)
+    flags = ["--model=lm.TransformerLmTiny", "--devices=1", "--memory_per_device=1MiB"]
+    assert plan.main([*flags, "--costs=flops"]) == 2
+    assert "lingpipe.plan: --memory_per_device=1.0 MiB: no plan of " in capsys.readouterr().err

@@ -102,10 +102,18 @@ def test_k_1_is_chosen_and_said_when_pipelining_loses():
     assert lpk.Pipeline(_Mlp(), plan=plan).pipeline.cut.stages == [[0, 1, 2, 3]]
 
 
-def test_nothing_fits_names_the_smallest_need_and_its_candidate():
+def test_nothing_fits_names_the_smallest_need_and_its_candidate(monkeypatch):
+    from lingpipe.pipeline.planning import planner
+
+    def Measured(*args, **kwargs):
+        raise AssertionError("rates measured, though no candidate fits the cap")
+
     model = _Mlp("small_mlp")
+    # The rates price only candidates that fit: none here, so they are not measured.
+    monkeypatch.setattr(planner, "MeasureRates", Measured)
     with pytest.raises(ValueError) as e:
-        _Plan(model, cap=1024)
+        _Plan(model, cap=1024, rates=None)
+    monkeypatch.undo()
     text = str(e.value)
     assert "\n" not in text
     found = re.fullmatch(

@@ -513,7 +513,7 @@ def CachedMemory(
 
 def Search(
     costs: ModelCosts,
-    rates: Rates,
+    rates: Rates | Callable[[], Rates],
     num_devices: int,
     memory_per_device: int,
     global_batch: int,
@@ -523,7 +523,9 @@ def Search(
 ) -> Result:
     """The fastest predicted candidate whose every device fits `memory_per_device`, the
     next `keep` runners-up, and each refused candidate with its device and excess.
-    Deterministic: ties go to fewer stages, fewer micro-batches, then the order tried."""
+    Deterministic: ties go to fewer stages, fewer micro-batches, then the order tried.
+    `rates` may be a function that measures them (MeasureRates): called only once a
+    candidate fits, as only a fitting candidate's time is predicted."""
     if candidates is None:
         candidates = Candidates(num_devices, len(costs.flops), global_batch)
     fits, refused = [], []
@@ -538,6 +540,8 @@ def Search(
             if c.peak_bytes[worst] > memory_per_device:
                 refused.append(Refused(c, worst, c.peak_bytes[worst] - memory_per_device))
                 continue
+            if not isinstance(rates, Rates):
+                rates = rates()
             c.step_seconds = PredictSeconds(c, costs, rates, global_batch)
             fits.append(c)
     order = sorted(
