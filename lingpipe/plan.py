@@ -547,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.costs not in ("auto", "profile", "flops"):
             raise PlanError(f"--costs={args.costs}: expected auto, profile or flops")
         steps = _CalibrateSteps(args.calibrate)
+        restrict = Restrictions(args)  # before TensorFlow starts: bad flags are refused at once
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         from lingpipe import cluster
 
@@ -554,7 +555,6 @@ def main(argv: list[str] | None = None) -> int:
             cluster.SetLogicalCpuDevices(args.devices)  # without accelerators: CPU devices
         from lingpipe.pipeline.planning import planner
 
-        restrict = Restrictions(args)
         model = RegisteredModel(args.model, args.global_batch)
         rates = functools.cache(planner.MeasureRates)  # measured once something fits
         result = Plan(model, args.devices, cap, rates, restrict, costs=args.costs)

@@ -62,7 +62,9 @@ def _Compile(model):
 # (schedule, num_virtual_stages, split points, the stages of embed and lm, their devices).
 CASES = [
     ("gpipe", 1, ["ff2"], (0, 1), (1, 2)),
-    ("1f1b", 1, ["ff2"], (0, 1), (1, 2)),
+    # 1F1B cuts and places as GPipe does, and runs the same actions in another order:
+    # a further proof of what GPipe's case and the executor's grids prove.
+    pytest.param("1f1b", 1, ["ff2"], (0, 1), (1, 2), marks=pytest.mark.extended),
     # Two stages per device: the V placement puts stages 0 and 3 (the tied pair) on
     # one device; the loop placement puts stage 3 on the second device.
     ("zbv", 1, ["ff1", "ff2", "padding"], (0, 3), (1, 1)),
