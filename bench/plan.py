@@ -129,10 +129,12 @@ def _Kept(c):
     return generators.Make(c.schedule, c.num_stages, c.num_micro_batches, c.num_virtual_stages)
 
 
-def EstimateDevices(pipe_p, inputs, c, traced_cache: dict, replica: int = 0) -> tuple[list, int]:
-    """The estimate per device of replica `replica`'s pipeline of candidate c (Adam's
-    slots; replica 0's devices also average the gradients), and one pipeline's total in
-    one allocator (memory.HostMemory: there the replicas' gradients are not copied)."""
+def EstimateDevices(pipe_p, inputs, c, traced_cache: dict) -> tuple[list, int, list]:
+    """The estimate of candidate c (Adam's slots): per device of replica 0's pipeline,
+    whose devices also receive the other replicas' gradients to average them; one
+    pipeline's total in one allocator (memory.HostMemory: there no gradient is copied);
+    and per device of a pipeline that receives none (the other replicas', and replica
+    0's where R = 1)."""
     from lingpipe import optimizers
     from lingpipe.pipeline.observe import memory
     from lingpipe.pipeline.planning import partition
@@ -162,8 +164,10 @@ def EstimateDevices(pipe_p, inputs, c, traced_cache: dict, replica: int = 0) -> 
             per_device[sched.DeviceOf(s)].append(stage)
         return per_device
 
-    own = PerDevice(c.replicas if replica == 0 else 1)
-    return [memory.DeviceMemory(ms).total for ms in own], memory.HostMemory(PerDevice(1))
+    alone = PerDevice(1)
+    own = PerDevice(c.replicas) if c.replicas > 1 else alone
+    totals = [[memory.DeviceMemory(ms).total for ms in d] for d in (own, alone)]
+    return totals[0], memory.HostMemory(alone), totals[1]
 
 
 def KerasEstimate(memory, c, batch: int) -> tuple[list[int], int]:
@@ -517,8 +521,7 @@ def Row(model, pipe_p, inputs, loss_fn, c, batch, steps, traced) -> tuple[dict, 
     )
     row["actions"] = _Signature(c)
     try:
-        per_device, host = EstimateDevices(pipe_p, inputs, c, traced)
-        alone = EstimateDevices(pipe_p, inputs, c, traced, 1)[0] if c.replicas > 1 else per_device
+        per_device, host, alone = EstimateDevices(pipe_p, inputs, c, traced)
         step = BuildStep(pipe_p, inputs, loss_fn, c)[0]
         seconds, best, peak = Measure(step, steps)
         profiled = _Above(ProfiledPeak(step), before)
@@ -595,15 +598,14 @@ def Reestimate(rows: list) -> None:
                 models["keras"] = memory, x.shape[0]
             memory, batch = models["keras"]
             per_device, host = KerasEstimate(memory, c, batch)
+            alone = per_device  # one replica: it receives no gradients
         else:
             if row["model"] not in models:
                 models[row["model"]] = Model(row["model"])
                 traced[row["model"]] = {}
             pipe_p, inputs, _ = models[row["model"]]
-            per_device, host = EstimateDevices(pipe_p, inputs, c, traced[row["model"]])
-            if c.replicas > 1:
-                alone = EstimateDevices(pipe_p, inputs, c, traced[row["model"]], 1)[0]
-        _MemoryColumns(row, row["R"], per_device, host, alone if c.replicas > 1 else per_device)
+            per_device, host, alone = EstimateDevices(pipe_p, inputs, c, traced[row["model"]])
+        _MemoryColumns(row, row["R"], per_device, host, alone)
 
 
 def _AdamUpdate():
