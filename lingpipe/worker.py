@@ -17,6 +17,15 @@ one allocator): the peak of each stage that this host ran, where the trainer
 of its own; the trainer writes the checkpoints, so a worker restarted on the same
 address serves a resumed run.
 
+With `--profiler_port=N` it also serves TensorFlow's profiler on that port, so that
+another process can trace what this host runs and allocates (the trainer's own
+profile sees only its own process):
+
+    tf.profiler.experimental.client.trace("grpc://HOST:N", logdir, duration_ms=2000)
+
+bench/plan_hosts.py --allocations reads each worker's allocations so
+(lingpipe.pipeline.observe.allocations).
+
 Exit status: 0 stopped by SIGTERM or SIGINT, 2 bad TF_CONFIG or flags, 1 the
 server could not start (its address is in use, say).
 """
@@ -149,7 +158,19 @@ def _Flags(argv: list[str]) -> argparse.Namespace:
             default=0,
             help=f"TensorFlow {name.split('_')[0]}-op threads of this host (0: TF's default).",
         )
+    parser.add_argument(
+        "--profiler_port",
+        type=int,
+        default=0,
+        help="Serve TensorFlow's profiler on this port (0: do not), for "
+        "tf.profiler.experimental.client.trace from another process.",
+    )
     flags = parser.parse_args(argv)
+    if not 0 <= flags.profiler_port <= 65535:
+        parser.error(
+            f"--profiler_port: expected a port in [1, 65535], or 0 for none, "
+            f"received {flags.profiler_port}"
+        )
     if not 0 <= flags.logical_devices <= 64:
         parser.error(
             f"--logical_devices: expected an integer in [0, 64], received {flags.logical_devices}"
@@ -192,12 +213,27 @@ def main(argv: list[str] | None = None) -> int:
             f"{_PROG}: error: cannot serve {address}: {type(e).__name__}: {reason}", file=sys.stderr
         )
         return 1
+    if flags.profiler_port:
+        import tensorflow as tf
+
+        try:
+            tf.profiler.experimental.server.start(flags.profiler_port)
+        except Exception as e:  # noqa: BLE001 - TensorFlow raises several kinds here
+            reason = " ".join(str(e).split())[:300]
+            print(
+                f"{_PROG}: error: cannot serve the profiler on port {flags.profiler_port}: "
+                f"{type(e).__name__}: {reason}",
+                file=sys.stderr,
+            )
+            return 1
     # Caught before it says it is ready: a stop sent on 'ready' must not meet the
     # default action, which ends the process without a word.
     with stop_signals.StopSignals() as stop:
         print(f"{_PROG}: serving {task_type} {index} at {address} with {len(devices)} device(s):")
         for d in devices:
             print(f"  {d}")
+        if flags.profiler_port:
+            print(f"{_PROG}: profiler on port {flags.profiler_port}")
         print(f"{_PROG}: ready", flush=True)
         # A timed wait, so that the handler runs (Python runs handlers between bytecodes;
         # the server's own join() would hold the main thread in C++ for good).

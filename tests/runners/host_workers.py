@@ -27,11 +27,11 @@ def TfConfig(spec, task_type, index):
     return json.dumps({"cluster": spec, "task": {"type": task_type, "index": index}})
 
 
-def _StartWorker(spec, index, logdir, tag=""):
+def _StartWorker(spec, index, logdir, tag="", flags=()):
     log = open(os.path.join(logdir, f"worker{index}{tag}.log"), "w")
     env = dict(Env(), TF_CONFIG=TfConfig(spec, "worker", index))
     return subprocess.Popen(
-        [sys.executable, "-m", "lingpipe.worker", "--logical_devices=2"],
+        [sys.executable, "-m", "lingpipe.worker", "--logical_devices=2", *flags],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
@@ -48,12 +48,13 @@ def Stop(procs):
 
 
 @contextlib.contextmanager
-def Workers(spec, logdir, tag=""):
-    """Starts one worker per address of spec['worker']; kills them all at the end."""
+def Workers(spec, logdir, tag="", flags=()):
+    """Starts one worker per address of spec['worker'] (each with `flags` too); kills them
+    all at the end."""
     procs = []
     try:
         for i in range(len(spec["worker"])):
-            procs.append(_StartWorker(spec, i, logdir, tag))
+            procs.append(_StartWorker(spec, i, logdir, tag, flags))
         yield procs
     finally:
         Stop(procs)

@@ -70,9 +70,7 @@ def test_tf_config_errors_say_what_the_trainer_and_worker_expect():
         worker.ReadTask(TfConfig(spec, "worker", 3))
 
 
-def test_a_worker_s_thread_flags_reach_its_server_and_a_negative_one_is_one_line(
-    monkeypatch, capsys
-):
+def test_a_worker_s_thread_flags_reach_its_server_and_a_bad_flag_is_one_line(monkeypatch, capsys):
     import tensorflow as tf
 
     made = []
@@ -85,6 +83,13 @@ def test_a_worker_s_thread_flags_reach_its_server_and_a_negative_one_is_one_line
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.endswith("--inter_op_threads: expected an integer >= 0 (0: TensorFlow's "
                          "default), received -1"), last  # fmt: skip
+    with pytest.raises(SystemExit) as ended:
+        worker.main(["--profiler_port=70000"])
+    assert ended.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith(
+        "--profiler_port: expected a port in [1, 65535], or 0 for none, received 70000"
+    ), last
 
 
 def test_a_worker_lost_during_a_save_is_named_not_reported_as_an_unwritable_checkpoint():
@@ -359,40 +364,69 @@ def test_a_worker_address_with_nothing_listening_exits_2_naming_it(tmp_path):
     assert "after 3 s" in last and not os.path.exists(f"{tmp_path}/run")
 
 
-# A chief that places 16 MiB of weights and a product of them on worker 0's device.
+# A chief that places 16 MiB of weights on worker 0's device and makes their product
+# there again and again for as long as it traces the worker's profiler (argv[2], into
+# argv[3]); it prints the worker's allocator's peaks read from that trace.
 _PLACES_16_MIB = """
-import json, sys
+import json, sys, threading
 import tensorflow as tf
+from lingpipe.pipeline.observe import allocations, timeline
 from lingpipe.runners import hosts
 hosts.Connect(hosts.ReadCluster(sys.argv[1]))
 with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
     w = tf.Variable(tf.ones([1024, 4096]))
-    print(float(tf.reduce_sum(tf.matmul(w, w, transpose_b=True)[:1, :1])))
+trace = threading.Thread(
+    target=tf.profiler.experimental.client.trace, args=(sys.argv[2], sys.argv[3], 500)
+)
+trace.start()
+while trace.is_alive():
+    with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
+        float(tf.reduce_sum(tf.matmul(w, w, transpose_b=True)[:1, :1]))
+trace.join()
+peaks = allocations.Peaks(timeline.ReadXSpace(timeline.LatestProfile(sys.argv[3])))
+print(json.dumps({k: [p.peak_bytes, p.requested_bytes] for k, p in peaks.items()}))
 """
+
+
+def _Ready(log_path):
+    """Waits until the worker's log says it is ready (bounded by DEADLINE_S)."""
+    end = time.monotonic() + DEADLINE_S
+    while "lingpipe.worker: ready" not in open(log_path).read():
+        assert time.monotonic() < end, open(log_path).read()[-2000:]
+        time.sleep(0.05)
 
 
 def test_a_stopped_worker_says_the_most_its_devices_held_counting_what_the_chief_placed(
     tmp_path,
 ):
     # The trainer cannot read another process's allocator: each host says its own peak
-    # (the stage's weights, activations and slots), what bench/plan_hosts.py reads.
+    # (the stage's weights, activations and slots), what bench/plan_hosts.py reads; with
+    # --profiler_port another process traces what it allocates.
     spec = Cluster(1)
-    with Workers(spec, str(tmp_path)) as (proc,):
+    (port,) = FreePorts(1)
+    with Workers(spec, str(tmp_path), flags=[f"--profiler_port={port}"]) as (proc,):
+        _Ready(os.path.join(tmp_path, "worker0.log"))
         chief = dict(spec, chief=[f"127.0.0.1:{FreePorts(1)[0]}"])
         env = dict(Env(), TF_CONFIG=TfConfig(chief, "chief", 0))
+        script = [_PLACES_16_MIB, TfConfig(chief, "chief", 0), f"grpc://127.0.0.1:{port}"]
         done = subprocess.run(
-            [sys.executable, "-c", _PLACES_16_MIB, TfConfig(chief, "chief", 0)],
+            [sys.executable, "-c", *script, str(tmp_path / "trace")],
             capture_output=True, text=True, timeout=DEADLINE_S, env=env,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
-    last = open(os.path.join(tmp_path, "worker0.log")).read().splitlines()[-1]
+    log = open(os.path.join(tmp_path, "worker0.log")).read().splitlines()
+    assert f"lingpipe.worker: profiler on port {port}" in log
     found = re.fullmatch(
         r"lingpipe\.worker: stopped by SIGTERM; peak memory: CPU \(one allocator\) "
         r"[0-9.]+ MiB \(([0-9]+) bytes\)",
-        last,
+        log[-1],
     )
-    assert found, last
+    assert found, log[-1]
     # The weights (16 MiB) and their 1024 x 1024 product (4 MiB) at once, at least.
-    assert int(found.group(1)) >= 20 * 2**20, last
+    assert int(found.group(1)) >= 20 * 2**20, log[-1]
+    # The trace saw the worker's allocator (not the chief's) hold them too: the weights,
+    # placed before it, as their chunks; each product as it asked.
+    ((peak, requested),) = json.loads(done.stdout.strip().splitlines()[-1]).values()
+    assert 20 * 2**20 <= requested <= peak <= int(found.group(1)), done.stdout
