@@ -17,6 +17,15 @@ grid's row of the same configuration ran (bench/results/plan.json). The workers 
 `--worker_threads` (intra-op, inter-op; default TensorFlow's own); the grid's one
 process runs 1 and 2 for both devices.
 
+With --allocations each worker also serves TensorFlow's profiler (lingpipe.worker
+--profiler_port) and the chief traces both workers from before it builds the
+configuration through its first steps (steps run until the traces end; the timed
+steps come after, untraced): per device the most that the tensors in its allocator
+asked for at once (`requested_mib`) and, at the trace's peak, what the chunks held
+beyond the requests (`slack_mib`: TensorFlow's BFC allocator serves a request from a
+free chunk and splits the chunk only when it is at least twice the request), beside
+the estimate (`tensors_err` = estimate / requested - 1).
+
 A benchmark, never a test.
 """
 
@@ -26,6 +35,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -61,9 +71,10 @@ def _TfConfig(spec: dict, task: str, index: int) -> str:
     return json.dumps({"cluster": spec, "task": {"type": task, "index": index}})
 
 
-def Chief(model: str, row: dict, steps: int) -> dict:
+def Chief(model: str, row: dict, steps: int, profilers: list | None = None) -> dict:
     """In the chief's process: the row's configuration over the workers; its estimate
-    per device and the median step."""
+    per device and the median step; with `profilers` (each worker's profiler address),
+    what each worker's allocator held while more steps ran (TraceWorkers)."""
     from bench import plan
     from lingpipe.runners import hosts
 
@@ -81,11 +92,65 @@ def Chief(model: str, row: dict, steps: int) -> dict:
     c.partition, c.partition_policy = tuple(row["cells"]), row["partition"]
     first, _, others = plan.EstimateDevices(pipe_p, inputs, c, {})
     devices = [WORKER.format(i) for i in range(2)]
+    # The traces start before the build: every allocation of the run is in them.
+    traced = _StartTraces(profilers, TRACE_S + 2 * steps * row["measured_s"]) if profilers else None
+    start = time.perf_counter()
     step, _ = plan.BuildStep(pipe_p, inputs, loss_fn, c, devices)
+    out: dict = {"build_s": time.perf_counter() - start}
+    if traced:
+        out["allocations"] = _ReadTraces(step, *traced)
     seconds, _, _ = plan.Measure(step, steps)
     # R replicas of K stages: device d of replica r is worker r * K + d.
-    estimate = first + others * (c.replicas - 1)
-    return dict(estimate=estimate, step_s=seconds)
+    out.update(estimate=first + others * (c.replicas - 1), step_s=seconds)
+    return out
+
+
+# Seconds each worker is traced for beyond two of the grid's step times per step: the
+# build (under 0.5 s here: the step is traced at its first call) and the first step,
+# which traces and instantiates the step's functions, are in the trace.
+TRACE_S = 4.0
+
+
+def _StartTraces(profilers: list, seconds: float) -> tuple:
+    """One thread per worker tracing its profiler for `seconds`: (threads, logdir)."""
+    import threading
+
+    import tensorflow as tf
+
+    logdir = tempfile.mkdtemp()
+    threads = [
+        threading.Thread(
+            target=tf.profiler.experimental.client.trace,
+            args=(address, os.path.join(logdir, str(i)), int(seconds * 1000)),
+        )
+        for i, address in enumerate(profilers)
+    ]
+    for t in threads:
+        t.start()
+    return threads, logdir
+
+
+def _ReadTraces(step, threads: list, logdir: str) -> list | str:
+    """Steps run for as long as any trace lasts; then per worker [peak bytes, requested
+    bytes, slack bytes] of its allocator (allocations.Peaks), or why not."""
+    from lingpipe.pipeline.observe import allocations, timeline
+
+    try:
+        if not all(t.is_alive() for t in threads):
+            return f"a trace ended during the build (TRACE_S={TRACE_S} is too short)"
+        while any(t.is_alive() for t in threads):
+            step().numpy()
+        for t in threads:
+            t.join()
+        out = []
+        for i in range(len(threads)):
+            space = timeline.ReadXSpace(timeline.LatestProfile(os.path.join(logdir, str(i))))
+            peaks = allocations.Peaks(space)
+            p = max(peaks.values(), key=lambda a: a.peak_bytes)  # the worker's one allocator
+            out.append([p.peak_bytes, p.requested_bytes, p.slack_bytes])
+        return out
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
 
 
 def _Peak(log: str) -> int | None:
@@ -95,11 +160,15 @@ def _Peak(log: str) -> int | None:
     return None
 
 
-def Measure(model: str, row: dict, steps: int, threads: tuple[int, int] = (0, 0)) -> dict:
+def Measure(
+    model: str, row: dict, steps: int, threads: tuple[int, int] = (0, 0), traced: bool = False
+) -> dict:
     """One configuration: two workers (`threads`: their intra- and inter-op threads),
-    the chief, the workers stopped and read."""
-    ports = _FreePorts(3)
-    spec = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
+    the chief, the workers stopped and read; `traced`: each worker's allocations traced
+    too (module doc)."""
+    ports = _FreePorts(5)
+    spec = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:3]]}
+    profiler_ports = ports[3:] if traced else []
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.path.dirname(HERE), env.get("PYTHONPATH")) if p
@@ -109,13 +178,15 @@ def Measure(model: str, row: dict, steps: int, threads: tuple[int, int] = (0, 0)
         workers = [
             subprocess.Popen(
                 [sys.executable, "-m", "lingpipe.worker", "--logical_devices=1",
-                 f"--intra_op_threads={threads[0]}", f"--inter_op_threads={threads[1]}"],
+                 f"--intra_op_threads={threads[0]}", f"--inter_op_threads={threads[1]}"]
+                + [f"--profiler_port={p}" for p in profiler_ports[i : i + 1]],
                 stdout=open(log, "w"), stderr=subprocess.STDOUT,
                 env=dict(env, TF_CONFIG=_TfConfig(spec, "worker", i)),
             )
             for i, log in enumerate(logs)
         ]  # fmt: skip
-        job = json.dumps(dict(model=model, row=row, steps=steps))
+        profilers = [f"grpc://127.0.0.1:{p}" for p in profiler_ports]
+        job = json.dumps(dict(model=model, row=row, steps=steps, profilers=profilers))
         try:
             done = subprocess.run(
                 [sys.executable, __file__, "--chief", job],
@@ -140,7 +211,7 @@ def Rows(model: str, grid_rows: list, args) -> list:
             continue
         if r["partition"] != "flops" or (args.schedules and r["schedule"] not in args.schedules):
             continue
-        found = Measure(model, r, args.steps, args.worker_threads)
+        found = Measure(model, r, args.steps, args.worker_threads, args.allocations)
         row = dict(model=model, R=r["R"], K=r["K"], M=r["M"], schedule=r["schedule"], v=r["v"])
         row.update(remat=r["remat"], cells=r["cells"])
         if "error" in found:
@@ -155,6 +226,17 @@ def Rows(model: str, grid_rows: list, args) -> list:
                 step_s=found["step_s"],
                 one_process_err=r.get("memory_err"),
             )
+            if isinstance(found.get("allocations"), str):
+                row["allocations_error"] = found["allocations"]
+            elif "allocations" in found:
+                peak, requested, slack = zip(*found["allocations"])
+                row.update(
+                    requested_mib=[round(b / 2**20, 1) for b in requested],
+                    slack_mib=[round(b / 2**20, 1) for b in slack],
+                    trace_peak_mib=[round(b / 2**20, 1) for b in peak],
+                    tensors_err=[round(e / (b / 2**20) - 1, 4) for e, b in zip(est, requested)],
+                    build_s=round(found["build_s"], 1),
+                )
         print(json.dumps(row), file=sys.stderr, flush=True)
         out.append(row)
     return out
@@ -177,6 +259,14 @@ def Summary(rows: list) -> list:
                 within_10_below=sum(e >= -0.10 for e in errs),
             )
         )  # fmt: skip
+        tensors = [e for r in rows if scope in ("all", r["model"])
+                   for e in r.get("tensors_err", [])]  # fmt: skip
+        if tensors:
+            out[-1].update(
+                tensors_median=round(statistics.median(abs(e) for e in tensors), 4),
+                tensors_most_below=round(min(tensors), 4),
+                tensors_within_10_below=sum(e >= -0.10 for e in tensors),
+            )
     return out
 
 
@@ -191,12 +281,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--worker_threads", default="0,0", help="each worker's intra,inter-op threads (0: TF's)"
     )
+    ap.add_argument(
+        "--allocations",
+        action="store_true",
+        help="trace each worker's allocations too: what the tensors asked for (module doc)",
+    )
     ap.add_argument("--grid", default=os.path.join(RESULTS, "plan.json"))
     ap.add_argument("--out", default=os.path.join(RESULTS, "plan_hosts.json"))
     args = ap.parse_args(argv)
     if args.chief:
         job = json.loads(args.chief)
-        print(json.dumps(Chief(job["model"], job["row"], job["steps"])))
+        print(json.dumps(Chief(job["model"], job["row"], job["steps"], job.get("profilers"))))
         return 0
     args.micro_batches = [int(m) for m in args.micro_batches.split(",")]
     args.worker_threads = tuple(int(t) for t in args.worker_threads.split(","))
@@ -218,7 +313,15 @@ def main(argv: list[str] | None = None) -> int:
             "the peak its worker's allocator held since it started, and memory_err = "
             "estimate / measured - 1. one_process_err: the grid's row (both devices in "
             "one allocator, the total against memory.HostMemory).",
-        ],
+        ]
+        + [
+            "--allocations: requested_mib, per device the most its tensors asked for at "
+            "once, traced from before the build through the first steps; slack_mib, what "
+            "the allocator's chunks held beyond the requests at the trace's peak; "
+            "trace_peak_mib, the chunks' peak in the trace; tensors_err = estimate / "
+            "requested - 1; build_s, the chief's build of the configuration (in the trace)."
+        ]
+        * args.allocations,
         rows=rows,
         summary_rows=Summary(rows),
     )
