@@ -122,6 +122,18 @@ def _StartServer(
     return server, _OfferedDevices(task_type, index, num_cpus, num_gpus)
 
 
+def _PortInUse(port: int) -> str:
+    """Why this host cannot listen on `port` (every interface), or '' where it can."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError as e:
+            return f"{type(e).__name__}: {e.strerror or e}"
+    return ""
+
+
 def PeakLine(devices: list[str]) -> str:
     """`peak memory: CPU (one allocator) 12.5 MiB (13107200 bytes)`: the most each
     allocator of `devices` (the offered ones: the GPUs' where there are any, else the
@@ -192,6 +204,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{_PROG}: error: {e}", file=sys.stderr)
         return 2
     address = cluster[task_type][index]
+    # TensorFlow's profiler server logs a port it cannot bind and carries on without
+    # serving: the port is tried first, before anything starts.
+    busy = _PortInUse(flags.profiler_port) if flags.profiler_port else ""
+    if busy:
+        print(
+            f"{_PROG}: error: cannot serve the profiler on port {flags.profiler_port}: {busy}",
+            file=sys.stderr,
+        )
+        return 1
     # Every allocation counted in the CPU allocator's peak (cluster.SetLogicalCpuDevices
     # says why), as the trainer's own devices count them.
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
@@ -216,16 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if flags.profiler_port:
         import tensorflow as tf
 
-        try:
-            tf.profiler.experimental.server.start(flags.profiler_port)
-        except Exception as e:  # noqa: BLE001 - TensorFlow raises several kinds here
-            reason = " ".join(str(e).split())[:300]
-            print(
-                f"{_PROG}: error: cannot serve the profiler on port {flags.profiler_port}: "
-                f"{type(e).__name__}: {reason}",
-                file=sys.stderr,
-            )
-            return 1
+        tf.profiler.experimental.server.start(flags.profiler_port)
     # Caught before it says it is ready: a stop sent on 'ready' must not meet the
     # default action, which ends the process without a word.
     with stop_signals.StopSignals() as stop:

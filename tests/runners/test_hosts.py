@@ -90,6 +90,19 @@ def test_a_worker_s_thread_flags_reach_its_server_and_a_bad_flag_is_one_line(mon
     assert last.endswith(
         "--profiler_port: expected a port in [1, 65535], or 0 for none, received 70000"
     ), last
+    # A port already taken: TensorFlow's profiler would log it and serve nothing. The
+    # worker says so and exits 1 before it starts its server.
+    import socket
+
+    monkeypatch.setenv("TF_CONFIG", TfConfig({"chief": ["c:1"], "worker": ["a:1"]}, "worker", 0))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert worker.main([f"--profiler_port={port}"]) == 1
+    assert len(made) == 1  # no server started
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"lingpipe.worker: error: cannot serve the profiler on port {port}: ")
 
 
 def test_a_worker_lost_during_a_save_is_named_not_reported_as_an_unwritable_checkpoint():
