@@ -162,8 +162,11 @@ TITLES: dict[str, tuple[str, str, str]] = {
         "device (lists in device order), `estimate_mib` the memory estimate "
         "(memory.DeviceMemory, what the planner's cap bounds), `measured_mib` the most its "
         "worker's allocator held (the worker's stop line), `memory_err` estimate / "
-        "measured - 1; `one_process_err` the grid's row, both devices in one allocator.",
-        "python bench/plan_hosts.py",
+        "measured - 1; `one_process_err` the grid's row, both devices in one allocator; "
+        "`requested_mib` the most the device's tensors asked for at once (a trace of the "
+        "worker from before the build), `slack_mib` what the allocator's chunks held "
+        "beyond that at the trace's peak, `tensors_err` estimate / requested - 1.",
+        "python bench/plan_hosts.py --allocations",
     ),
     "plan_hosts_worker_threads": (
         "The memory estimate per device, workers with the grid's threads (MLP)",
