@@ -219,9 +219,11 @@ class GraphPipeline:
         stage's forwards in training; None leaves them as they are (inference)."""
         graph, cut = self._graph, self._cut
         trainable, state_vars, seed_vars = self._trainable[s], self._state[s], self._seeds[s]
+        seen: dict = {}  # id(input tensor): its Keras mask as this stage's forward found it
 
         def Run(weights: list, live: Any) -> tuple:
             live, extras = (live, {}) if s == 0 else live
+            _SameMasks(tf.nest.flatten(live), seen, base_layer.IsRecomputing())
             values = dict(zip(cut.live[s], live))
             mapping = list(zip(trainable, weights))
             for name, j, v in seed_vars:
@@ -438,3 +440,19 @@ class GraphPipeline:
             theta_grads=self._SumGradients(result.weight_grads),
             variable_grads=result.extra_grads,
         )
+
+
+def _SameMasks(inputs: list, seen: dict, replay: bool) -> None:
+    """A stage's replayed forward sees its inputs' Keras masks as its forward did.
+
+    The stage's inputs are the tensors that the stages before it made, read again when
+    the backward replays the forward, and a layer may change their masks in place:
+    Keras' MultiHeadAttention deletes the masks of the tensors it is called on, as the
+    plain model's later layers then see them. The forward records each input's mask
+    in `seen`; the replay puts them back."""
+    for t in inputs:
+        if replay:
+            if id(t) in seen:
+                masking.set_keras_mask(t, seen[id(t)])
+        else:
+            seen[id(t)] = masking.get_keras_mask(t)

@@ -71,6 +71,43 @@ def test_keras_mask_crosses_a_cut():
     np.testing.assert_allclose(pipe.predict(x, verbose=0), plain.predict(x, verbose=0), atol=1e-6)
 
 
+@pytest.mark.parametrize("remat", ["always", "never"])
+def test_a_layer_that_clears_its_inputs_masks_trains_as_the_plain_model(remat):
+    """Keras' MultiHeadAttention deletes the masks of the tensors it is called on. Its
+    input crosses the cut, so the pipeline's stage reads the same tensor when it
+    replays the forward for the backward: that replay must see the mask that the
+    forward saw, or its gradient is taken through unmasked attention and pooling."""
+    keras.utils.set_random_seed(5)
+    ids = keras.Input((10,), dtype="int32")
+    h = keras.layers.Embedding(50, 16, mask_zero=True, name="embed")(ids)
+    h = keras.layers.Dense(16, name="proj")(h)
+    a = keras.layers.MultiHeadAttention(2, 8, name="mha")(h, h, use_causal_mask=True)
+    h = keras.layers.LayerNormalization(name="norm")(h + a)
+    h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
+    model = keras.Model(ids, keras.layers.Dense(3, name="out")(h))
+    plain = keras.models.clone_model(model)
+    plain.set_weights(model.get_weights())
+    rng = np.random.RandomState(0)
+    x, y = rng.randint(1, 50, (16, 10)), rng.randint(0, 3, 16)
+    for row in x:
+        row[rng.randint(3, 10) :] = 0  # padding of each row's own length
+    pipe = lpk.Pipeline(
+        model, num_stages=2, num_micro_batches=2, split_points=["mha"], remat=remat,
+        devices=DEVICES,
+    )  # fmt: skip
+    for m in (pipe, plain):
+        m.compile(optimizer=keras.optimizers.SGD(0.1), loss=_SparseCe())
+    ours = pipe.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history["loss"]
+    theirs = plain.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history["loss"]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+    for w, a_, b in zip(plain.weights, pipe.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(a_, b, atol=1e-5, err_msg=w.path)
+
+
+def _SparseCe():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
 def test_two_stages_per_device_cut_the_model_into_twice_as_many_stages():
     pipe = lpk.Pipeline(
         _DropoutNet(), num_stages=2, num_micro_batches=4, schedule="zbv", devices=DEVICES
