@@ -27,7 +27,8 @@ bench/plan_hosts.py --allocations reads each worker's allocations so
 (lingpipe.pipeline.observe.allocations).
 
 Exit status: 0 stopped by SIGTERM or SIGINT, 2 bad TF_CONFIG or flags, 1 the
-server could not start (its address is in use, say).
+server or its profiler could not start (its address or the profiler's port is in
+use, say).
 """
 
 from __future__ import annotations

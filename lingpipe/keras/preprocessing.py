@@ -45,7 +45,7 @@ def Preprocessor(model: Any) -> Callable | None:
     return getattr(model, "preprocess_samples", None)
 
 
-# preprocessor -> (its config as JSON, preprocess_samples in a tf.function)
+# preprocessor -> (its config as JSON, its task's preprocess_samples in a tf.function)
 _TRACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -60,7 +60,7 @@ def _Traced(preprocess: Callable) -> Callable:
     except (AttributeError, TypeError, ValueError, NotImplementedError):
         return preprocess
     kept = _TRACED.get(preprocessor)
-    if kept is None or kept[0] != config:
+    if kept is None or kept[0] != config or kept[1].python_function != preprocess:
         kept = (config, tf.function(preprocess, autograph=True))
         _TRACED[preprocessor] = kept
     return kept[1]
