@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     address = cluster[task_type][index]
     # TensorFlow's profiler server logs a port it cannot bind and carries on without
-    # serving: the port is tried first, before anything starts.
+    # serving: the port is tried first, before anything starts (a process that takes it
+    # between this try and TensorFlow's bind is not caught).
     busy = _PortInUse(flags.profiler_port) if flags.profiler_port else ""
     if busy:
         print(
