@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import re
@@ -556,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         from lingpipe.pipeline.planning import planner
 
         model = RegisteredModel(args.model, args.global_batch)
-        rates = functools.cache(planner.MeasureRates)  # measured once something fits
+        rates = planner.MeasuredLater()
         result = Plan(model, args.devices, cap, rates, restrict, costs=args.costs)
         if steps:
             first = result.costs_note

@@ -350,10 +350,7 @@ def Plan(
         nodes = [list(range(a, b)) for a, b in partition.Boundaries(list(c.partition))]
         return [m.total for m in memory.PerDevice(nodes, sched, c.remat, batch_size)]
 
-    # Measured once a candidate fits (planner.Search): a refusal comes without them.
-    rates = restrictions.get("rates") or functools.cache(
-        functools.partial(planner.MeasureRates, names[0] if names else None)
-    )
+    rates = restrictions.get("rates") or planner.MeasuredLater(names[0] if names else None)
     # What fits does not depend on the times: profile only where something fits.
     memory_fn, flop_costs = planner.CachedMemory(MemoryFn), ModelCosts(graph)
     result = planner.Search(flop_costs, rates, n, cap, batch_size, memory_fn, candidates)

@@ -26,7 +26,6 @@ serves every logical device, and "allocators" says so beside its one total.
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from collections.abc import Callable
@@ -259,7 +258,7 @@ def Auto(resolved: startup.ResolvedParams, num_devices: int, cap_text: str, rest
     try:
         cap = plan_lib.ParseSize(cap_text)
         model = plan_lib.RegisteredModel(resolved.key, None, params=resolved.task)
-        rates = functools.cache(planner.MeasureRates)  # measured once something fits
+        rates = planner.MeasuredLater()
         result = plan_lib.Plan(model, num_devices, cap, rates, restrict)
     except plan_lib.PlanError as e:
         raise startup.UsageError(f"--plan=auto: {e}") from None

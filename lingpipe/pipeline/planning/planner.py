@@ -32,6 +32,7 @@ The search never builds the model: costs are per cell, computed once.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -53,6 +54,7 @@ __all__ = [
     "Contention",
     "FirstStageWithoutInputGradient",
     "MeasureRates",
+    "MeasuredLater",
     "MICRO_BATCHES",
     "ModelCosts",
     "OutsideSeconds",
@@ -215,6 +217,13 @@ class Result:
     ranked: list[Candidate] = dataclasses.field(default_factory=list)  # all that fit, fastest first
     costs: ModelCosts | None = None  # what the caller planned with
     costs_note: str = ""  # which costs, in a line (lingpipe.plan's screen)
+
+
+def MeasuredLater(device: str | None = None) -> Callable[[], Rates]:
+    """MeasureRates(device) as a function that measures on its first call and returns
+    the same Rates after: Search calls it only once a candidate fits, so a cap too small
+    for anything is refused without the few seconds of timed runs."""
+    return functools.cache(functools.partial(MeasureRates, device))
 
 
 def MeasureRates(device: str | None = None) -> Rates:
