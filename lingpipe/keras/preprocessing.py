@@ -53,11 +53,12 @@ def _Traced(preprocess: Callable) -> Callable:
     """`preprocess` (a task's preprocess_samples) as a tf.function kept for its
     preprocessor while the preprocessor's config stays the same (module doc); as it is
     where the config cannot be written as JSON."""
-    owner = getattr(preprocess, "__self__", None)
-    preprocessor = getattr(owner, "preprocessor", None)
+    preprocessor = getattr(getattr(preprocess, "__self__", None), "preprocessor", None)
+    if preprocessor is None:
+        return preprocess
     try:
         config = json.dumps(preprocessor.get_config(), sort_keys=True, default=repr)
-    except (AttributeError, TypeError, ValueError, NotImplementedError):
+    except NotImplementedError:  # Layer.get_config's answer to arguments it cannot serialize
         return preprocess
     kept = _TRACED.get(preprocessor)
     if kept is None or kept[0] != config or kept[1].python_function != preprocess:
