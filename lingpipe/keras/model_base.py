@@ -236,12 +236,12 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
             return
         keras_add = opt.add_variable_from_reference
 
-        def Colocated(reference: Any, *args: Any, **kwargs: Any) -> Any:
-            device = (
-                reference.value if isinstance(reference, keras.Variable) else reference
-            ).device
+        # Keras' own parameter name: Adafactor passes the weight by keyword.
+        def Colocated(reference_variable: Any, *args: Any, **kwargs: Any) -> Any:
+            ref = reference_variable
+            device = (ref.value if isinstance(ref, keras.Variable) else ref).device
             with tf.device(device):
-                return keras_add(reference, *args, **kwargs)
+                return keras_add(ref, *args, **kwargs)
 
         opt.add_variable_from_reference = Colocated  # this optimizer's build only
         try:

@@ -186,6 +186,7 @@ def _Optimizer(name: str, **kwargs: Any) -> Callable[[], dict]:
         "adam": lambda: keras.optimizers.Adam(0.01, **kwargs),
         "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05, **kwargs),
         "rmsprop": lambda: keras.optimizers.RMSprop(0.01, **kwargs),
+        "adafactor": lambda: keras.optimizers.Adafactor(0.01, **kwargs),
     }[name]
     return _With(make)
 
@@ -259,6 +260,8 @@ FEATURES: dict[str, Feature] = {
         DenseModel, _Optimizer("adam", gradient_accumulation_steps=2), DenseData
     ),
     "use_ema": Feature(DenseModel, _Optimizer("adam", use_ema=True), DenseData),
+    # Adafactor builds its slots by keyword (reference_variable=) and factors them.
+    "Adafactor": Feature(DenseModel, _Optimizer("adafactor"), DenseData, schedules=("gpipe",)),
     "weight_decay": Feature(DenseModel, _Optimizer("sgd", weight_decay=0.1), DenseData),
     "run_eagerly": Feature(
         DenseModel, _With(lambda: keras.optimizers.SGD(0.1), run_eagerly=True), DenseData
