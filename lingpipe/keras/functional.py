@@ -54,7 +54,9 @@ Supported:
 
 Not supported: subclassed keras.Model (no graph to cut); a non-trainable state shared
 by layers on two stages (threaded in program order); a masked output beside other
-outputs or layers' losses (refused in one line); compile(jit_compile=True) (refused).
+outputs or layers' losses (refused in one line); compile(jit_compile=True) (refused);
+a layer that assigns its trainable weights in its call, as SpectralNormalization does
+in training, and a stateful RNN (each refused in one line).
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ order, under a `keras.StatelessScope` that maps:
     a stage run in micro-batch order, so after the step each holds what the plain
     model run on the micro-batches one after another would leave; it is assigned
     once, after the step. Replayed forwards (recomputation) record nothing.
+A layer that assigns a trainable weight in its call (SpectralNormalization in training)
+is refused in one line: the stage's forwards read each weight as the step's value.
 
 The model's variables move to their stage's device when the pipeline is made: a
 weight lives where its layer is first used; a layer used on two stages (a tied
@@ -89,6 +91,7 @@ class GraphPipeline:
         self._num_virtual_stages = num_virtual_stages
         self._functional = graph_lib._Functional(model, where)  # noqa: SLF001
         self._graph = graph_lib.Trace(model, where)
+        _RefuseStateful(model, where)
         self._devices = cluster.PipelineDevices(devices, num_stages, where)
         # The schedule places the stages (an unknown one is refused here); the graph is
         # cut into as many stages as it runs.
@@ -237,11 +240,13 @@ class GraphPipeline:
             with keras.StatelessScope(
                 mapping, initialize_variables=False, collect_losses=True
             ) as scope:
+                read = [(w, scope.get_current_value(w)) for w in trainable]
                 for i in cut.stages[s]:
                     graph_lib.CallNode(graph.nodes[i], values, training)
                     # Taken after each call: a layer called again clears its earlier losses.
                     added += scope.losses
                     scope.losses[:] = []
+                    self._CheckUnassigned(graph.nodes[i], scope, read)
             if record:
                 for v in state_vars:
                     new = scope.get_current_value(v)
@@ -251,6 +256,20 @@ class GraphPipeline:
             return outputs, self._Extras(s, extras, added, live, outputs)
 
         return Run
+
+    def _CheckUnassigned(self, node: Any, scope: Any, weights: list) -> None:
+        """Refuses a layer whose call assigns one of the stage's trainable weights (Keras'
+        SpectralNormalization writes the normalized kernel in training): the stage's
+        forwards read each weight as the step's value, so the write would be lost."""
+        for weight, value in weights:
+            if scope.get_current_value(weight) is not value:
+                layer = node.operation
+                raise ValueError(
+                    f"{self._where}: {type(layer).__name__} {layer.name!r} assigns its "
+                    f"trainable weight {weight.path!r} in its call; a pipeline expects "
+                    "trainable weights changed by the optimizer alone (each micro-batch's "
+                    "forward reads the step's value, so the assignment would be lost)"
+                )
 
     def _Extras(self, s: int, extras: dict, added: list, live: tuple, outputs: tuple) -> dict:
         """What travels beside stage s's outputs (see _PackOutputs):
@@ -440,6 +459,18 @@ class GraphPipeline:
             theta_grads=self._SumGradients(result.weight_grads),
             variable_grads=result.extra_grads,
         )
+
+
+def _RefuseStateful(model: Any, where: str) -> None:
+    """A stateful RNN carries each batch row's state to the next batch; the pipeline
+    splits each batch into micro-batches, which that state does not fit."""
+    for layer in model._flatten_layers():  # noqa: SLF001
+        if getattr(layer, "stateful", False) is True:
+            raise ValueError(
+                f"{where}: {type(layer).__name__} {layer.name!r} is stateful: it keeps each "
+                "batch row's state for the next batch, and a pipeline runs each batch as "
+                "micro-batches of fewer rows; expected stateful=False"
+            )
 
 
 def _SameMasks(inputs: list, seen: dict, replay: bool) -> None:

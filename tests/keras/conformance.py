@@ -456,6 +456,20 @@ def Refuse(what: str) -> None:
     elif what == "a dict input without one of its keys":
         x, y = DictData()
         _FitTwoSteps(lpk.Pipeline(DictModel(), 2, 2), ({"ids": x["ids"]}, y))
+    elif what == "a layer that assigns its trainable weights (SpectralNormalization)":
+        _Seed()
+        x = keras.Input((8,), name="x")
+        h = keras.layers.Dense(16, activation="relu", name="d1")(x)
+        dense = keras.layers.Dense(16, activation="relu")
+        h = keras.layers.SpectralNormalization(dense, name="spectral")(h)
+        model = keras.Model(x, keras.layers.Dense(CLASSES, name="out")(h))
+        _FitTwoSteps(lpk.Pipeline(model, 2, 2))
+    elif what == "a stateful RNN":
+        _Seed()
+        x = keras.Input(batch_shape=(16, TIME, DIMS), name="x")
+        h = keras.layers.Dense(DIMS, name="d1")(x)
+        h = keras.layers.GRU(DIMS, stateful=True, name="gru")(h)
+        lpk.Pipeline(keras.Model(x, keras.layers.Dense(CLASSES, name="out")(h)), 2, 2)
 
 
 # what -> (exception type, a regular expression its one-line message matches).
@@ -488,5 +502,15 @@ REFUSALS: dict[str, tuple[type, str]] = {
     "a dict input without one of its keys": (
         ValueError,
         r'Missing data for input "extra"\. .* Expected the following keys',
+    ),
+    # Its forward in training writes the normalized kernel into the trainable kernel.
+    "a layer that assigns its trainable weights (SpectralNormalization)": (
+        ValueError,
+        r"SpectralNormalization 'spectral' assigns its trainable weight '[\w/]*kernel' in "
+        r"its call",
+    ),
+    "a stateful RNN": (
+        ValueError,
+        r"GRU 'gru' is stateful: .* expected stateful=False",
     ),
 }
