@@ -140,6 +140,12 @@ class GraphPipeline:
                                 tf.Variable(v.value, trainable=v.trainable, name=v.name)
                             )
 
+    def IndexWeights(self) -> None:
+        """Reads again which weights are trainable (compile calls it, as Keras reads
+        `trainable` when a model is compiled): a base frozen when the pipeline was made
+        and unfrozen since trains from the next compile on."""
+        self._Index()
+
     def _Index(self) -> None:
         """Per stage: its trainable weights, state (non-trainable) weights and seed states."""
         self._trainable, self._state, self._seeds = [], [], []

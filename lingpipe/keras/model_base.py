@@ -218,6 +218,8 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
                 "the whole training step with XLA, which cannot span the stages' devices; "
                 "pass jit_compile=False (or leave it out)"
             )
+        if hasattr(self._pipeline, "IndexWeights"):  # the layers' `trainable` as of now
+            self._pipeline.IndexWeights()
         super().compile(*args, jit_compile=False, **kwargs)
         self._BuildOptimizer()
 

@@ -107,6 +107,45 @@ def _SparseCe():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+def _FineTuned(wrap):
+    """keras.io's transfer-learning recipe: the base frozen, the head fitted; then the base
+    unfrozen, compiled again at a lower rate and fitted -> (losses, weights)."""
+    keras.utils.set_random_seed(5)
+    base = keras.Sequential(
+        [
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.BatchNormalization(),
+            keras.layers.Dense(16, activation="relu"),
+        ],
+        name="base",
+    )
+    x = keras.Input((6,))
+    h = keras.layers.Dense(16, activation="tanh", name="d2")(base(x))
+    model = keras.Model(x, keras.layers.Dense(1, name="out")(h))
+    data, labels = _Data()
+    base.trainable = False
+    trained = wrap(model)
+    losses = []
+    for rate in (0.05, 0.01):
+        trained.compile(optimizer=keras.optimizers.Adam(rate), loss="mse")
+        fitted = trained.fit(data, labels, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        losses += fitted.history["loss"]
+        base.trainable = True
+    return losses, [w.numpy() for w in model.weights]
+
+
+def test_a_base_unfrozen_and_compiled_again_trains_as_the_plain_model():
+    """The weights a step trains are those trainable when compile() is called, as Keras
+    has it: the unfrozen base trains, and its batch norm left inference mode."""
+    plain_losses, plain_weights = _FineTuned(lambda m: m)
+    losses, weights = _FineTuned(
+        lambda m: lpk.Pipeline(m, num_stages=2, num_micro_batches=1, devices=DEVICES)
+    )
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
+    for a, b in zip(weights, plain_weights):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 def test_two_stages_per_device_cut_the_model_into_twice_as_many_stages():
     pipe = lpk.Pipeline(
         _DropoutNet(), num_stages=2, num_micro_batches=4, schedule="zbv", devices=DEVICES
