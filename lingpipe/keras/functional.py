@@ -56,7 +56,9 @@ Not supported: subclassed keras.Model (no graph to cut); a non-trainable state s
 by layers on two stages (threaded in program order); a masked output beside other
 outputs or layers' losses (refused in one line); compile(jit_compile=True) (refused);
 a layer that assigns its trainable weights in its call, as SpectralNormalization does
-in training, and a stateful RNN (each refused in one line).
+in training, a stateful RNN, and a model class that overrides keras.Model's `call` (a
+nested model's too), `train_step`, `test_step`, `predict_step`, `compute_loss` or
+`compute_metrics` (each refused in one line: the pipeline would not run that code).
 """
 
 from __future__ import annotations
@@ -76,6 +78,10 @@ from lingpipe.pipeline.step import settings
 __all__ = [
     "Pipeline",
 ]
+
+
+# keras.Model's hooks of fit, evaluate and predict: the pipeline runs steps of its own.
+_STEP_HOOKS = ("train_step", "test_step", "predict_step", "compute_loss", "compute_metrics")
 
 
 def _Fresh(value: Any) -> Any:
@@ -143,6 +149,7 @@ class Pipeline(model_base.PipelineModel):
         batch_size: int | None = None,
         **kwargs: Any,
     ) -> None:
+        graph_lib.RefuseOverrides(model, _STEP_HOOKS, "lingpipe.keras.Pipeline")
         knobs = dict(
             num_stages=num_stages,
             num_micro_batches=num_micro_batches,

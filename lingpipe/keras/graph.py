@@ -115,6 +115,8 @@ def _Functional(model: Any, where: str) -> Any:
                 "model.build((None, ...)) first"
             )
         return functional
+    if isinstance(model, keras.Model) and hasattr(model, "_nodes_by_depth"):
+        RefuseOverrides(model, ("call",), where)
     if not isinstance(model, keras.Model) or not hasattr(model, "_nodes_by_depth"):
         raise TypeError(
             f"{where}: expected a built Keras 3 Functional model or keras.Sequential, received "
@@ -122,6 +124,26 @@ def _Functional(model: Any, where: str) -> Any:
             "keras.Model has no graph to cut)"
         )
     return model
+
+
+def RefuseOverrides(model: Any, hooks: tuple[str, ...], where: str) -> None:
+    """One line if `model`'s class overrides one of keras.Model's `hooks` outside Keras
+    itself: the pipeline runs the model's graph with its own step, never that code."""
+    for hook in hooks:
+        method = getattr(type(model), hook, None)
+        module = getattr(method, "__module__", "") or ""
+        if method is not None and not module.startswith("keras."):
+            runs = (
+                "the model's graph, layer by layer"
+                if hook == "call"
+                else "the model's graph with a training step of its own"
+            )
+            raise ValueError(
+                f"{where}: {type(model).__name__} {model.name!r} overrides keras.Model.{hook} "
+                f"({module}.{method.__qualname__}), which a pipeline never runs: it runs "
+                f"{runs}; expected {hook} left to Keras (that code in a layer, or in "
+                "compile's loss and metrics)"
+            )
 
 
 def _IsNested(operation: Any) -> bool:

@@ -464,6 +464,24 @@ def Refuse(what: str) -> None:
         h = keras.layers.SpectralNormalization(dense, name="spectral")(h)
         model = keras.Model(x, keras.layers.Dense(CLASSES, name="out")(h))
         _FitTwoSteps(lpk.Pipeline(model, 2, 2))
+    elif what == "a model class that overrides compute_loss":
+
+        class OwnLoss(keras.Model):
+            def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
+                return 2.0 * super().compute_loss(*args, **kwargs)
+
+        plain = DenseModel()
+        lpk.Pipeline(OwnLoss(plain.input, plain.output, name="own_loss"), 2, 2)
+    elif what == "a nested model class that overrides call":
+
+        class OwnCall(keras.Model):
+            def call(self, inputs: Any, training: Any = None, mask: Any = None) -> Any:
+                return 2.0 * super().call(inputs, training=training, mask=mask)
+
+        inner = DenseModel()
+        x = keras.Input((8,), name="x")
+        y = OwnCall(inner.input, inner.output, name="own_call")(x)
+        lpk.Pipeline(keras.Model(x, keras.layers.Dense(CLASSES, name="head")(y)), 2, 2)
     elif what == "a stateful RNN":
         _Seed()
         x = keras.Input(batch_shape=(16, TIME, DIMS), name="x")
@@ -508,6 +526,15 @@ REFUSALS: dict[str, tuple[type, str]] = {
         ValueError,
         r"SpectralNormalization 'spectral' assigns its trainable weight '[\w/]*kernel' in "
         r"its call",
+    ),
+    "a model class that overrides compute_loss": (
+        ValueError,
+        r"OwnLoss 'own_loss' overrides keras.Model.compute_loss .*, which a pipeline "
+        r"never runs",
+    ),
+    "a nested model class that overrides call": (
+        ValueError,
+        r"OwnCall 'own_call' overrides keras.Model.call .*, which a pipeline never runs",
     ),
     "a stateful RNN": (
         ValueError,
