@@ -175,6 +175,9 @@ class Pipeline(model_base.PipelineModel):
         super().__init__(**kwargs)
         self._knobs = knobs
         object.__setattr__(self, "_model", model)  # tracked through _MakePipeline's layers
+        # Keras' compile names the losses and metrics of several outputs by these.
+        functional = graph_lib._Functional(model, "lingpipe.keras.Pipeline")  # noqa: SLF001
+        object.__setattr__(self, "output_names", list(functional.output_names))
         self.BuildFor(_InputSpec(model))
         if getattr(model, "compiled", False) and hasattr(model, "_compile_config"):
             self._CompileAs(model)

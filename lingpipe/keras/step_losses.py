@@ -14,6 +14,7 @@ micro-batches is the plain model's loss of the batch.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import Any
 
@@ -48,14 +49,45 @@ def MicroBatchLoss(model: keras.Model, y: Any, y_pred: Any, sample_weight: Any) 
     """The compiled loss of one micro-batch, its per-output loss metrics left alone
     (the step updates them once, on the whole batch, as Keras' own step does)."""
     compile_loss = model._compile_loss  # noqa: SLF001
-    if compile_loss is None or not compile_loss.built or not compile_loss.metrics:
+    if compile_loss is None:
         return model.compute_loss(y=y, y_pred=y_pred, sample_weight=sample_weight)
-    kept = compile_loss._metrics  # noqa: SLF001 (CompileLoss reads it in call())
-    compile_loss._metrics = _NoLossMetrics()  # noqa: SLF001
+    with _LossMetricsOff(compile_loss):
+        return model.compute_loss(y=y, y_pred=y_pred, sample_weight=sample_weight)
+
+
+@contextlib.contextmanager
+def _LossMetricsOff(compile_loss: Any) -> Any:
+    """CompileLoss with its per-output loss metrics (`_metrics`, which its call reads)
+    replaced by _NoLossMetrics, also when this call is the one that builds it (the first
+    micro-batch of the first step): else that micro-batch's losses joined the metrics."""
+    kept: list = []
+
+    def Off() -> None:
+        kept.append(compile_loss._metrics)  # noqa: SLF001
+        compile_loss._metrics = _NoLossMetrics()  # noqa: SLF001
+
+    own = vars(compile_loss)
+    had_build, build = "build" in own, own.get("build")
+    if compile_loss.built:
+        Off()
+    else:
+        keras_build = compile_loss.build
+
+        def BuildThenOff(*args: Any, **kwargs: Any) -> Any:
+            result = keras_build(*args, **kwargs)
+            Off()
+            return result
+
+        compile_loss.build = BuildThenOff
     try:
-        return model.compute_loss(y=y, y_pred=y_pred, sample_weight=sample_weight)
+        yield
     finally:
-        compile_loss._metrics = kept  # noqa: SLF001
+        if had_build:
+            compile_loss.build = build
+        elif "build" in vars(compile_loss):
+            del compile_loss.build
+        if kept:
+            compile_loss._metrics = kept[0]  # noqa: SLF001
 
 
 def LossFn(model: keras.Model, predictions: list) -> Any:

@@ -104,6 +104,17 @@ def DictModel() -> keras.Model:
     return keras.Model({"ids": ids, "extra": extra}, y, name="dict_inputs")
 
 
+def TwoOutputModel() -> keras.Model:
+    """[batch, 8] -> [logits [batch, CLASSES] ('label'), a score [batch, 1] ('score')]."""
+    _Seed()
+    x = keras.Input((8,), name="x")
+    h = keras.layers.Dense(16, activation="relu", name="d1")(x)
+    h = keras.layers.Dense(16, activation="tanh", name="d2")(h)
+    h = keras.layers.Dense(16, activation="relu", name="d3")(h)
+    label = keras.layers.Dense(CLASSES, name="label")(h)
+    return keras.Model(x, [label, keras.layers.Dense(1, name="score")(h)], name="two_outputs")
+
+
 # ---- Data ------------------------------------------------------------------------
 
 
@@ -269,6 +280,16 @@ FEATURES: dict[str, Feature] = {
     "steps_per_execution": Feature(
         DenseModel, _With(lambda: keras.optimizers.SGD(0.1), steps_per_execution=2), DenseData
     ),
+    "outputs as a list: losses, loss_weights and metrics named by output": Feature(
+        TwoOutputModel,
+        lambda: dict(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=[SparseCe(), "mse"],
+            loss_weights=[1.0, 0.5],
+            metrics=[["accuracy"], ["mae"]],
+        ),
+        lambda: (DenseData()[0], [DenseData()[1], DenseData()[0][:, :1]]),
+    ),
     "int32 ids into a float32 Input": Feature(TokenModel, _Sgd(), TokenData),
     "dict inputs": Feature(DictModel, _Sgd(), DictData),
     "stateful metrics (AUC, Precision)": Feature(
@@ -334,7 +355,10 @@ def _ChangingLengths() -> Any:
 
 
 def _Relative(a: Any, b: Any) -> float:
-    """max |a - b| over max |b|: a difference on the scale of the reference."""
+    """max |a - b| over max |b|: a difference on the scale of the reference (the largest
+    over the outputs, for a model with several)."""
+    if isinstance(b, (list, tuple, dict)):
+        return max(_Relative(x, y) for x, y in zip(keras.tree.flatten(a), keras.tree.flatten(b)))
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.max(np.abs(a - b), initial=0.0) / max(np.max(np.abs(b), initial=0.0), 1e-6))
 
