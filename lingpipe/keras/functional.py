@@ -56,9 +56,9 @@ Not supported: subclassed keras.Model (no graph to cut); a non-trainable state s
 by layers on two stages (threaded in program order); a masked output beside other
 outputs or layers' losses (refused in one line); compile(jit_compile=True) (refused);
 a layer that assigns its trainable weights in its call, as SpectralNormalization does
-in training, a stateful RNN, and a model class that overrides keras.Model's `call` (a
-nested model's too), `train_step`, `test_step`, `predict_step`, `compute_loss` or
-`compute_metrics` (each refused in one line: the pipeline would not run that code).
+in training; a stateful RNN; a sparse or ragged input; a model class that overrides
+keras.Model's `call` (a nested model's too), `train_step`, `test_step`, `predict_step`,
+`compute_loss` or `compute_metrics` (each refused in one line).
 """
 
 from __future__ import annotations

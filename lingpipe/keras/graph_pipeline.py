@@ -313,7 +313,16 @@ class GraphPipeline:
         that do not fit the model get Keras' own message (a missing key of a dict, ...)."""
         functional = self._functional
         input_spec.assert_input_compatibility(functional.input_spec, inputs, functional.name)
-        return tuple(functional._standardize_inputs(inputs))  # noqa: SLF001
+        flat = tuple(functional._standardize_inputs(inputs))  # noqa: SLF001
+        for x, value in zip(functional.inputs, flat):
+            if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
+                dense = "x.to_tensor()" if isinstance(value, tf.RaggedTensor) else None
+                raise ValueError(
+                    f"{self._where}: received a tf.{type(value).__name__} for input "
+                    f"{x.name!r}; expected dense tensors, which the pipeline splits into "
+                    f"micro-batches by rows (pass {dense or 'tf.sparse.to_dense(x)'})"
+                )
+        return flat
 
     def _PackOutputs(self, last: tuple) -> tuple[Any, Any]:
         """The last stage's (outputs, extras), merged or not -> (the model's outputs, each

@@ -506,6 +506,14 @@ def Refuse(what: str) -> None:
         x = keras.Input((8,), name="x")
         y = OwnCall(inner.input, inner.output, name="own_call")(x)
         lpk.Pipeline(keras.Model(x, keras.layers.Dense(CLASSES, name="head")(y)), 2, 2)
+    elif what == "a sparse input (tf.SparseTensor)":
+        import tensorflow as tf
+
+        _Seed()
+        x = keras.Input((8,), sparse=True, name="x")
+        model = keras.Model(x, keras.layers.Dense(CLASSES, name="out")(keras.layers.Dense(16)(x)))
+        data, labels = DenseData()
+        _FitTwoSteps(lpk.Pipeline(model, 2, 2), (tf.sparse.from_dense(data), labels))
     elif what == "a stateful RNN":
         _Seed()
         x = keras.Input(batch_shape=(16, TIME, DIMS), name="x")
@@ -559,6 +567,10 @@ REFUSALS: dict[str, tuple[type, str]] = {
     "a nested model class that overrides call": (
         ValueError,
         r"OwnCall 'own_call' overrides keras.Model.call .*, which a pipeline never runs",
+    ),
+    "a sparse input (tf.SparseTensor)": (
+        ValueError,
+        r"received a tf.SparseTensor for input 'x'; expected dense tensors",
     ),
     "a stateful RNN": (
         ValueError,
