@@ -246,11 +246,13 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
                 return keras_add(ref, *args, **kwargs)
 
         opt.add_variable_from_reference = Colocated  # this optimizer's build only
+        placed = _EachOnItsDevice(self.trainable_variables)
         try:
             with tf.init_scope():
-                opt.build(self.trainable_variables)
+                opt.build(placed)
         finally:
             del opt.add_variable_from_reference
+            placed.Close()
 
     # ---- Running -------------------------------------------------------------------
 
@@ -472,6 +474,31 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
         return f"Pipeline stages of {self.name!r}:\n" + "\n".join(lines)
+
+
+class _EachOnItsDevice(list):
+    """The weights, as an optimizer's build walks them: each under tf.device(its device)
+    while the loop's body for it runs, so a slot made without naming its weight (Keras'
+    Adafactor's factored moments, made by add_variable) still sits beside it."""
+
+    def __init__(self, weights: list) -> None:
+        super().__init__(weights)
+        self._walks: list = []
+
+    def __iter__(self) -> Any:
+        walk = self._Walk()
+        self._walks.append(walk)
+        return walk
+
+    def _Walk(self) -> Any:
+        for w in list.__iter__(self):
+            with tf.device((w.value if isinstance(w, keras.Variable) else w).device):
+                yield w
+
+    def Close(self) -> None:
+        """Leaves the device scope of a walk that stopped early (none does in Keras)."""
+        for walk in reversed(self._walks):
+            walk.close()
 
 
 def _Size(weight: Any) -> int:

@@ -402,3 +402,19 @@ def test_saved_model_signature_of_dict_inputs_is_named_after_their_keys(tmp_path
     }
     served = serving(**{k: tf.constant(v) for k, v in x.items()})
     np.testing.assert_allclose(list(served.values())[0].numpy(), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("front", ["Pipeline", "PipelinedSequential"])
+def test_every_slot_of_an_optimizer_that_makes_its_own_sits_beside_its_weight(front):
+    # Adafactor makes its factored moments with add_variable, which names no weight,
+    # and placeholders for weights of rank < 2 (the plain Keras optimizer's).
+    if front == "Pipeline":
+        plain = keras.Sequential([keras.Input((8,))] + _Layers())
+        model = lpk.Pipeline(plain, num_stages=2, num_micro_batches=2, devices=DEVICES)
+    else:
+        model = _Pair(num_micro_batches=2)[0]
+    model.compile(optimizer=keras.optimizers.Adafactor(0.01), loss="mse")
+    opt = model.optimizer
+    assert len(opt._r) == len(opt._c) == len(opt._v) == len(model.trainable_weights)  # noqa: SLF001
+    for w, r, c, v in zip(model.trainable_weights, opt._r, opt._c, opt._v):  # noqa: SLF001
+        assert {s.value.device for s in (r, c, v)} == {w.value.device}, w.path
