@@ -3,6 +3,7 @@
 
     python bench/plan_hosts.py                  # bench/results/plan_hosts.json
     python bench/plan_hosts.py --models=mlp --micro_batches=4
+    python bench/plan_hosts.py --reestimate     # today's estimate of the committed rows
 
 On one process the two logical CPU devices share one allocator, so bench/plan.py can
 only compare the step's total. Here every stage runs in a process of its own: per
@@ -81,18 +82,10 @@ def Chief(
     from lingpipe.runners import hosts
 
     hosts.Connect(hosts.ReadCluster(os.environ["TF_CONFIG"]))
-    import tensorflow as tf
 
     pipe_p, inputs, loss_fn = plan.Model(model)
-    batch = tf.nest.flatten(inputs)[0].shape[0]
-    c = next(
-        g for g in plan.Grid(dict(schedules=None, remats=plan.REMATS, micro_batches=[row["M"]]),
-                             len(pipe_p.cell_tpl), batch)
-        if (g.replicas, g.num_stages, g.schedule, g.num_virtual_stages, g.remat)
-        == (row["R"], row["K"], row["schedule"], row["v"], row["remat"])
-    )  # fmt: skip
-    c.partition, c.partition_policy = tuple(row["cells"]), row["partition"]
-    first, _, others = plan.EstimateDevices(pipe_p, inputs, c, {})
+    c = _Candidate(pipe_p, inputs, row)
+    estimate = _Estimate(pipe_p, inputs, c, {})
     devices = [WORKER.format(i) for i in range(2)]
     # The traces start before the build: every allocation of the run is in them.
     traced = _StartTraces(profilers, trace_s) if profilers else None
@@ -102,9 +95,69 @@ def Chief(
     if traced:
         out["allocations"] = _ReadTraces(step, *traced)
     seconds, _, _ = plan.Measure(step, steps)
-    # R replicas of K stages: device d of replica r is worker r * K + d.
-    out.update(estimate=first + others * (c.replicas - 1), step_s=seconds)
+    out.update(estimate=estimate, step_s=seconds)
     return out
+
+
+def _Candidate(pipe_p, inputs, row: dict):
+    """The planner's candidate of the row's configuration, its partition the row's."""
+    import tensorflow as tf
+
+    from bench import plan
+
+    batch = tf.nest.flatten(inputs)[0].shape[0]
+    c = next(
+        g for g in plan.Grid(dict(schedules=None, remats=plan.REMATS, micro_batches=[row["M"]]),
+                             len(pipe_p.cell_tpl), batch)
+        if (g.replicas, g.num_stages, g.schedule, g.num_virtual_stages, g.remat)
+        == (row["R"], row["K"], row["schedule"], row["v"], row["remat"])
+    )  # fmt: skip
+    c.partition, c.partition_policy = tuple(row["cells"]), row.get("partition", "flops")
+    return c
+
+
+def _Estimate(pipe_p, inputs, c, traced_cache: dict) -> list:
+    """Bytes per worker: R replicas of K stages, device d of replica r on worker r * K + d
+    (replica 0's devices also receive the other replicas' gradients)."""
+    from bench import plan
+
+    first, _, others = plan.EstimateDevices(pipe_p, inputs, c, traced_cache)
+    return first + others * (c.replicas - 1)
+
+
+def Reestimate(path: str) -> dict:
+    """The committed rows of `path` with the estimate of today's code: estimate_mib,
+    memory_err and tensors_err again, the measurements as they were (the estimate is
+    computed from the model and the configuration alone, no worker runs). A changed
+    row's errors are taken against its measurements as recorded (to 0.1 MiB)."""
+    from bench import plan
+
+    payload = json.load(open(path))
+    models: dict = {}
+    for row in payload["rows"]:
+        if "estimate_mib" not in row:
+            continue
+        if row["model"] not in models:
+            pipe_p, inputs, _ = plan.Model(row["model"])
+            models[row["model"]] = (pipe_p, inputs, {})
+        pipe_p, inputs, cache = models[row["model"]]
+        est = [b / 2**20 for b in _Estimate(pipe_p, inputs, _Candidate(pipe_p, inputs, row), cache)]
+        if [round(e, 1) for e in est] == row["estimate_mib"]:
+            continue  # its errors stay those taken against the unrounded measurements
+        got = row["measured_mib"]
+        row["estimate_mib"] = [round(e, 1) for e in est]
+        row["memory_err"] = [round(e / g - 1, 4) if g else None for e, g in zip(est, got)]
+        if "requested_mib" in row:
+            row["tensors_err"] = [round(e / b - 1, 4) for e, b in zip(est, row["requested_mib"])]
+    payload["summary_rows"] = Summary(payload["rows"])
+    payload["estimated"] = datetime.date.today().isoformat()
+    note = "--reestimate: estimate_mib, memory_err and tensors_err recomputed on "
+    payload["notes"] = [n for n in payload["notes"] if not n.startswith(note)]
+    payload["notes"].append(
+        f"{note}{payload['estimated']} by the code of that day; the measurements are the "
+        f"run's of {payload['date']}."
+    )
+    return payload
 
 
 # Seconds each worker is traced for at first beyond two of the grid's step times per
@@ -310,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="trace each worker's allocations too: what the tensors asked for (module doc)",
     )
+    ap.add_argument(
+        "--reestimate",
+        action="store_true",
+        help="only recompute the estimates of the rows in --out (no workers run)",
+    )
     ap.add_argument("--grid", default=os.path.join(RESULTS, "plan.json"))
     ap.add_argument("--out", default=os.path.join(RESULTS, "plan_hosts.json"))
     args = ap.parse_args(argv)
@@ -320,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
                 Chief(job["model"], job["row"], job["steps"], job.get("profilers"), job["trace_s"])
             )
         )
+        return 0
+    if args.reestimate:
+        payload = Reestimate(args.out)
+        _Write(payload, args.out)
         return 0
     args.micro_batches = [int(m) for m in args.micro_batches.split(",")]
     args.worker_threads = tuple(int(t) for t in args.worker_threads.split(","))
@@ -353,12 +415,16 @@ def main(argv: list[str] | None = None) -> int:
         rows=rows,
         summary_rows=Summary(rows),
     )
-    with open(args.out, "w") as f:
+    _Write(payload, args.out)
+    return 0
+
+
+def _Write(payload: dict, path: str) -> None:
+    with open(path, "w") as f:
         json.dump(payload, f, indent=1)
         f.write("\n")
     for s in payload["summary_rows"]:
         print(json.dumps(s))
-    return 0
 
 
 if __name__ == "__main__":

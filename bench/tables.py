@@ -165,8 +165,9 @@ TITLES: dict[str, tuple[str, str, str]] = {
         "measured - 1; `one_process_err` the grid's row, both devices in one allocator; "
         "`requested_mib` the most the device's tensors asked for at once (a trace of the "
         "worker from before the build), `slack_mib` what the allocator's chunks held "
-        "beyond that at the trace's peak, `tensors_err` estimate / requested - 1.",
-        "python bench/plan_hosts.py --allocations",
+        "beyond that at the trace's peak, `tensors_err` estimate / requested - 1. "
+        "`--reestimate` writes the estimates of the day's code over the same measurements.",
+        "python bench/plan_hosts.py --allocations, then --reestimate",
     ),
     "plan_hosts_worker_threads": (
         "The memory estimate per device, workers with the grid's threads (MLP)",
@@ -174,7 +175,7 @@ TITLES: dict[str, tuple[str, str, str]] = {
         "inter-op threads (the grid's one process has these for both devices) instead of "
         "TensorFlow's default.",
         "python bench/plan_hosts.py --models=mlp --worker_threads=1,2 "
-        "--out=bench/results/plan_hosts_worker_threads.json",
+        "--out=bench/results/plan_hosts_worker_threads.json, then --reestimate",
     ),
     "pairs": (
         "Pairs timed in turn",

@@ -417,8 +417,15 @@ def test_a_split_backward_s_gradients_are_whole_from_its_first_w():
     sim = simulate.Simulate(sched)
     spaces = memory.Workspaces(backward=30, first=60, input=7, weight=3)
     got = sorted(memory.StepEvents(sim, 1, 4, spaces))
-    # I holds its 7; W its 3, and the gradients are whole from its start (an I makes none).
-    assert got == [(2.0, 7), (3.0, -7), (3.0, 3), (3.0, 4), (4.0, -3)]
+    # I holds its 7; the gradients are whole from W's start (an I makes none). The first
+    # W's weight gradients are the running sum (nothing joins them): no workspace of 3.
+    assert got == [(2.0, 7), (3.0, -7), (3.0, 4)]
+    # At M=2 the second W makes gradients beside the sum before they join it: its 3.
+    sim = simulate.Simulate(generators.Make("zero_bubble", 2, 2))
+    w1 = simulate.Action("W", 1, 1)
+    got = memory.StepEvents(sim, 1, 4, spaces)
+    assert (sim.start[w1], 3) in got and (sim.end[w1], -3) in got
+    assert sum(b for _, b in got if b == 3) == 3
     # A forward-only schedule has no backward: nothing.
     forward_only = simulate.Simulate(generators.Make("forward_only", 2, 1))
     assert memory.StepEvents(forward_only, 1, 4, spaces) == []

@@ -533,8 +533,9 @@ def StepEvents(
     """(time, +bytes or -bytes) in `sim` of stage `stage`'s gradients, workspace
     (`spaces`, StageWorkspaces) and optimizer update. The workspace is held while each
     backward action runs: a B's, the first B's (which makes the gradients as it goes,
-    held by it), an I's or a W's. With `stage_devices` (each stage's device), a B that
-    no other device's action overlaps holds what a B alone holds. The gradients are
+    held by it), an I's or a W's, but not the first W's (the gradients it makes are the
+    running sum, whole from its start). With `stage_devices` (each stage's device), a B
+    that no other device's action overlaps holds what a B alone holds. The gradients are
     whole from the end of the first B, or from the start of the first W where the
     backward is split (an I makes none). The update (`update` bytes) comes at the
     step's end, after every device's last action. `received` (StageMemory.received) is
@@ -552,13 +553,18 @@ def StepEvents(
     others = _OtherDevices(sim, stage, stage_devices)
     events = []
     for a in backs:
-        bytes_ = spaces.first if a == first and a.kind != BACKWARD_WEIGHT else held[a.kind]
+        bytes_ = held[a.kind]
+        if a == first:
+            # The first maker's weight gradients become the running sum: a first B's walk
+            # keeps each; a first W holds nothing beside the gradients, whole from its start.
+            bytes_ = 0 if a.kind == BACKWARD_WEIGHT else spaces.first
         alone = others is not None and not any(
             s < sim.end[a] and e > sim.start[a] for s, e in others
         )  # fmt: skip
         if a.kind == BACKWARD and spaces.backward_alone is not None and alone:
             bytes_ = spaces.first_alone if a == first else spaces.backward_alone
-        events += [(sim.start[a], bytes_), (sim.end[a], -bytes_)]
+        if bytes_:
+            events += [(sim.start[a], bytes_), (sim.end[a], -bytes_)]
     whole = sim.start[first] if first.kind == BACKWARD_WEIGHT else sim.end[first]
     events += [(whole, gradients)]
     if received:
