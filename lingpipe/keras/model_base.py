@@ -301,7 +301,7 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         self._clear_losses()  # a previous call's layer losses: the pipeline adds its own
         batch = tf.shape(tf.nest.flatten(x)[0])[0]
         predictions: list = []
-        loss_fn = step_losses.LossFn(self, predictions)
+        loss_fn = step_losses.LossFn(self, predictions, batch, sample_weight)
         pipeline, scale = self._pipeline, step_losses.LossScale(self.optimizer)
         if not hasattr(pipeline, "FPropWithLosses"):  # a PipeliningLayer's loss_fn
             loss_fn = lambda y_pred, micro, fn=loss_fn: fn(y_pred, None, micro)  # noqa: E731

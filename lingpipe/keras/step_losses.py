@@ -9,7 +9,10 @@ loss as Keras weighs it, the batch's merged predictions, and float16's loss scal
 A micro-batch's loss is the compiled loss (Keras' compute_loss) plus the losses its
 layers added, weighted as Keras reduces a batch: by its rows, or by the valid entries
 of a masked output (Keras divides a masked loss by them), so the weighted mean over
-micro-batches is the plain model's loss of the batch.
+micro-batches is the plain model's loss of the batch. A compiled loss reduced by 'sum'
+counts whole (times the batch's rows over the micro-batch's), and one reduced by
+'mean_with_sample_weight' as its share of the batch's sample weights; the outputs'
+losses must share one reduction (Reduction).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from lingpipe.nested_map import NestedMap
 
 __all__ = [
     "LossFn",
+    "Reduction",
     "LossScale",
     "MicroBatchLoss",
     "Scaled",
@@ -90,9 +94,43 @@ def _LossMetricsOff(compile_loss: Any) -> Any:
             compile_loss._metrics = kept[0]  # noqa: SLF001
 
 
-def LossFn(model: keras.Model, predictions: list) -> Any:
+# Keras' reductions of a loss over the batch that the rows weigh exactly (module doc).
+_MEANS = ("sum_over_batch_size", "mean")
+
+
+def Reduction(model: keras.Model) -> str:
+    """The one reduction of the model's compiled losses ('sum_over_batch_size' without
+    any); a ValueError where its outputs' losses reduce the batch differently."""
+    compile_loss = model._compile_loss  # noqa: SLF001
+    losses = [getattr(compile_loss, "_user_loss", None)] if compile_loss is not None else []
+    # A loss given by name or as a function reduces by Keras' mean.
+    reductions = [
+        x.reduction if isinstance(x, keras.losses.Loss) else "sum_over_batch_size"
+        for x in keras.tree.flatten(losses)
+        if x is not None
+    ]
+    found = {"sum_over_batch_size" if r in _MEANS else r for r in reductions}
+    found = found or {"sum_over_batch_size"}
+    if len(found) > 1:
+        raise ValueError(
+            f"{type(model).__name__} {model.name!r}: its compiled losses reduce the batch "
+            f"differently ({sorted(map(str, found))}); expected one reduction for every "
+            "output, as the pipeline weighs each micro-batch's loss by one count"
+        )
+    return found.pop()
+
+
+def LossFn(
+    model: keras.Model, predictions: list, batch: Any = None, sample_weight: Any = None
+) -> Any:
     """loss_fn(y_pred, layer_loss, micro) of the pipeline's ForwardBackward (module doc).
-    Appends each micro-batch's (y_pred, flat masks, rows) to `predictions`."""
+    Appends each micro-batch's (y_pred, flat masks, rows) to `predictions`. `batch` (the
+    batch's rows) and `sample_weight` (the batch's) weigh the micro-batches' losses
+    under a loss reduced by 'sum' or 'mean_with_sample_weight' (Reduction)."""
+    reduction = Reduction(model)
+    total = None
+    if reduction == "mean_with_sample_weight" and sample_weight is not None:
+        total = tf.reduce_sum(tf.cast(sample_weight, tf.float32))
 
     def Loss(y_pred: Any, layer_loss: Any, micro: NestedMap) -> NestedMap:
         loss = MicroBatchLoss(model, micro.y, y_pred, micro.get("sample_weight"))
@@ -100,11 +138,19 @@ def LossFn(model: keras.Model, predictions: list) -> Any:
         masks = [masking.get_keras_mask(t) for t in flat]
         if not base_layer.IsRecomputing():
             predictions.append((y_pred, masks, micro.row))
-        weight = tf.cast(tf.shape(micro.row)[0], loss.dtype)
+        rows = tf.cast(tf.shape(micro.row)[0], loss.dtype)
+        weight = rows
         masked = [m for m in masks if m is not None]
         if masked:
-            _CheckMaskedLoss(model, len(flat), layer_loss)
+            _CheckMaskedLoss(model, len(flat), layer_loss, reduction)
             weight = tf.reduce_sum(tf.cast(masked[0], loss.dtype))
+        # Weighted by rows, each loss counts as its share of the batch's loss: a sum's
+        # whole, a weighted mean's share of the batch's sample weights.
+        if reduction == "sum":
+            loss *= tf.cast(batch, loss.dtype) / rows
+        elif total is not None:
+            mine = tf.reduce_sum(tf.cast(micro.sample_weight, loss.dtype))
+            loss *= mine / tf.cast(total, loss.dtype) * tf.cast(batch, loss.dtype) / rows
         if layer_loss is not None:
             loss += tf.cast(layer_loss, loss.dtype)
         return NestedMap(loss=(loss, weight))
@@ -112,9 +158,16 @@ def LossFn(model: keras.Model, predictions: list) -> Any:
     return Loss
 
 
-def _CheckMaskedLoss(model: keras.Model, num_outputs: int, layer_loss: Any) -> None:
+def _CheckMaskedLoss(model: keras.Model, num_outputs: int, layer_loss: Any, reduction: str) -> None:
     """A masked output's loss is weighted by its valid entries; with other outputs or
-    with layers' losses (weighted by rows) one step cannot weigh both exactly."""
+    with layers' losses (weighted by rows), or reduced otherwise than by Keras' mean,
+    one step cannot weigh both exactly."""
+    if reduction != "sum_over_batch_size":
+        raise ValueError(
+            f"{type(model).__name__} {model.name!r}: an output with a Keras mask and a loss "
+            f"reduced by {reduction!r}: the pipeline weighs a masked loss by its valid "
+            "entries, as Keras' mean does; expected reduction='sum_over_batch_size'"
+        )
     other = "several outputs" if num_outputs > 1 else "losses added by layers"
     if num_outputs > 1 or layer_loss is not None:
         raise ValueError(

@@ -246,6 +246,24 @@ FEATURES: dict[str, Feature] = {
         _Sgd(),
         lambda: dict(zip(("x", "y"), DenseData()), sample_weight=np.linspace(0.1, 2.0, ROWS)),
     ),
+    "loss reduction 'sum'": Feature(
+        DenseModel,
+        lambda: dict(
+            optimizer=keras.optimizers.SGD(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum"),
+        ),
+        DenseData,
+    ),
+    "loss reduction 'mean_with_sample_weight'": Feature(
+        DenseModel,
+        lambda: dict(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, reduction="mean_with_sample_weight"
+            ),
+        ),
+        lambda: dict(zip(("x", "y"), DenseData()), sample_weight=np.linspace(0.1, 2.0, ROWS)),
+    ),
     "class_weight": Feature(
         DenseModel,
         _Sgd(),
@@ -514,6 +532,16 @@ def Refuse(what: str) -> None:
         model = keras.Model(x, keras.layers.Dense(CLASSES, name="out")(keras.layers.Dense(16)(x)))
         data, labels = DenseData()
         _FitTwoSteps(lpk.Pipeline(model, 2, 2), (tf.sparse.from_dense(data), labels))
+    elif what == "outputs' losses reduced differently":
+        x, y = DenseData()
+        _FitTwoSteps(
+            lpk.Pipeline(TwoOutputModel(), 2, 2),
+            (x, [y, x[:, :1]]),
+            loss=[
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum"),
+                "mse",
+            ],
+        )
     elif what == "a stateful RNN":
         _Seed()
         x = keras.Input(batch_shape=(16, TIME, DIMS), name="x")
@@ -571,6 +599,11 @@ REFUSALS: dict[str, tuple[type, str]] = {
     "a sparse input (tf.SparseTensor)": (
         ValueError,
         r"received a tf.SparseTensor for input 'x'; expected dense tensors",
+    ),
+    "outputs' losses reduced differently": (
+        ValueError,
+        r"compiled losses reduce the batch differently \(.*'sum'.*'sum_over_batch_size'.*\); "
+        r"expected one reduction",
     ),
     "a stateful RNN": (
         ValueError,
