@@ -301,7 +301,7 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         self._clear_losses()  # a previous call's layer losses: the pipeline adds its own
         batch = tf.shape(tf.nest.flatten(x)[0])[0]
         predictions: list = []
-        loss_fn = step_losses.LossFn(self, predictions, batch, sample_weight)
+        loss_fn = step_losses.LossFn(self, predictions)
         pipeline, scale = self._pipeline, step_losses.LossScale(self.optimizer)
         if not hasattr(pipeline, "FPropWithLosses"):  # a PipeliningLayer's loss_fn
             loss_fn = lambda y_pred, micro, fn=loss_fn: fn(y_pred, None, micro)  # noqa: E731
@@ -310,6 +310,7 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         loss_inputs = NestedMap(y=y, row=tf.range(batch))
         if sample_weight is not None:
             loss_inputs.sample_weight = sample_weight
+        loss_inputs.update(step_losses.BatchTotals(self, batch, sample_weight))
         # The executor's backward of micro-batch m starts from d(loss_m rows_m * its
         # loss_scale): divided by the batch's rows, that is the plain model's scaled loss
         # restricted to the micro-batch, so float16 overflows where the plain model's would.
@@ -323,10 +324,14 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
             # scaled, as the plain model's tape gives them: it unscales, checks they are
             # finite, and skips the step (halving the scale) where they are not.
             grads = [step_losses.Scaled(g, scale) for g in grads]
-        self.optimizer.apply(grads, self.trainable_weights)
         loss, _ = out.metrics.loss
-        self._loss_tracker.update_state(loss, sample_weight=batch)
         y_pred = step_losses.Stitched(predictions)
+        # The loss and predictions come from forwards that no gradient needs (a recomputed
+        # stage's first forward, whose backward replays it): made before the update, they
+        # are the plain model's, of the weights the step started from.
+        with tf.control_dependencies([loss, *tf.nest.flatten(y_pred)]):
+            self.optimizer.apply(grads, self.trainable_weights)
+        self._loss_tracker.update_state(loss, sample_weight=batch)
         if self._compile_loss is not None and self._compile_loss.metrics:
             self._compile_loss(y, y_pred, sample_weight)  # the per-output loss metrics
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

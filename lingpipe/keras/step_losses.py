@@ -29,6 +29,7 @@ from lingpipe import base_layer
 from lingpipe.nested_map import NestedMap
 
 __all__ = [
+    "BatchTotals",
     "LossFn",
     "Reduction",
     "LossScale",
@@ -120,17 +121,25 @@ def Reduction(model: keras.Model) -> str:
     return found.pop()
 
 
-def LossFn(
-    model: keras.Model, predictions: list, batch: Any = None, sample_weight: Any = None
-) -> Any:
-    """loss_fn(y_pred, layer_loss, micro) of the pipeline's ForwardBackward (module doc).
-    Appends each micro-batch's (y_pred, flat masks, rows) to `predictions`. `batch` (the
-    batch's rows) and `sample_weight` (the batch's) weigh the micro-batches' losses
-    under a loss reduced by 'sum' or 'mean_with_sample_weight' (Reduction)."""
-    reduction = Reduction(model)
-    total = None
+def BatchTotals(model: keras.Model, batch: Any, sample_weight: Any) -> NestedMap:
+    """Loss inputs, one entry per row, that LossFn reads under a loss reduced by 'sum'
+    (the batch's rows) or 'mean_with_sample_weight' (and the batch's sample weights),
+    split into micro-batches beside the labels: the batch's totals, seen by each."""
+    reduction, totals = Reduction(model), NestedMap()
+    if reduction in ("sum", "mean_with_sample_weight"):
+        totals.batch_rows = tf.fill([batch], tf.cast(batch, tf.float32))
     if reduction == "mean_with_sample_weight" and sample_weight is not None:
         total = tf.reduce_sum(tf.cast(sample_weight, tf.float32))
+        totals.batch_weight = tf.fill([batch], total)
+    return totals
+
+
+def LossFn(model: keras.Model, predictions: list) -> Any:
+    """loss_fn(y_pred, layer_loss, micro) of the pipeline's ForwardBackward (module doc).
+    Appends each micro-batch's (y_pred, flat masks, rows) to `predictions`. Under a loss
+    reduced by 'sum' or 'mean_with_sample_weight' (Reduction) `micro` holds the batch's
+    totals (BatchTotals)."""
+    reduction = Reduction(model)
 
     def Loss(y_pred: Any, layer_loss: Any, micro: NestedMap) -> NestedMap:
         loss = MicroBatchLoss(model, micro.y, y_pred, micro.get("sample_weight"))
@@ -146,11 +155,11 @@ def LossFn(
             weight = tf.reduce_sum(tf.cast(masked[0], loss.dtype))
         # Weighted by rows, each loss counts as its share of the batch's loss: a sum's
         # whole, a weighted mean's share of the batch's sample weights.
-        if reduction == "sum":
-            loss *= tf.cast(batch, loss.dtype) / rows
-        elif total is not None:
+        if "batch_rows" in micro:
+            loss *= tf.cast(micro.batch_rows[0], loss.dtype) / rows
+        if "batch_weight" in micro:
             mine = tf.reduce_sum(tf.cast(micro.sample_weight, loss.dtype))
-            loss *= mine / tf.cast(total, loss.dtype) * tf.cast(batch, loss.dtype) / rows
+            loss *= mine / tf.cast(micro.batch_weight[0], loss.dtype)
         if layer_loss is not None:
             loss += tf.cast(layer_loss, loss.dtype)
         return NestedMap(loss=(loss, weight))
