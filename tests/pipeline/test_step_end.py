@@ -57,6 +57,21 @@ def _Ancestors(op: tf.Operation) -> set:
     return seen
 
 
+def _TracedStep(model: keras.Model) -> tuple:
+    """`model` compiled (SGD, mse) and fitted once on [8, 5] -> [8, 3] ones, then its
+    train_step traced: (the graph, its weights' handles, the ops that update them)."""
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    x, y = np.ones((8, 5), np.float32), np.ones((8, 3), np.float32)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # builds the optimizer
+    step = tf.function(lambda a, b: model.train_step((a, b)))
+    graph = step.get_concrete_function(tf.constant(x), tf.constant(y)).graph
+    inner = {id(outer): placeholder for outer, placeholder in graph.captures}
+    handles = {inner[id(w.value.handle)].ref() for w in model.trainable_weights}
+    ops = graph.get_operations()
+    updates = [o for o in ops if o.type in UPDATES and o.inputs[0].ref() in handles]
+    return graph, handles, updates
+
+
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zbv"])
 def test_every_use_of_a_weight_comes_before_every_weight_update(schedule):
     num_stages = 2
@@ -74,13 +89,7 @@ def test_every_use_of_a_weight_comes_before_every_weight_update(schedule):
         devices=DEVICES,
         schedule=schedule,
     )
-    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
-    x, y = np.ones((8, 5), np.float32), np.ones((8, 3), np.float32)
-    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # builds the optimizer
-    step = tf.function(lambda a, b: model.train_step((a, b)))
-    graph = step.get_concrete_function(tf.constant(x), tf.constant(y)).graph
-    inner = {id(outer): placeholder for outer, placeholder in graph.captures}
-    handles = {inner[id(w.value.handle)].ref() for w in model.trainable_weights}
+    graph, handles, updates = _TracedStep(model)
     ops = graph.get_operations()
     reads = [o for o in ops if o.type == "ReadVariableOp" and o.inputs[0].ref() in handles]
     # Uses that run: what the step's outputs and its stateful ops need (a recomputed
@@ -88,7 +97,6 @@ def test_every_use_of_a_weight_comes_before_every_weight_update(schedule):
     ends = [t.op for t in graph.outputs] + list(graph.control_outputs)
     live = set(ends).union(*(_Ancestors(o) for o in ends))
     uses = {c for r in reads for c in r.outputs[0].consumers() if c in live}
-    updates = [o for o in ops if o.type in UPDATES and o.inputs[0].ref() in handles]
     assert reads and uses and len(updates) == len(model.trainable_weights)
     for update in updates:
         early = uses - _Ancestors(update)
@@ -107,15 +115,8 @@ def test_the_step_s_loss_and_predictions_are_made_before_every_weight_update():
     x = keras.Input((5,))
     h = keras.layers.Dense(4, activation="tanh")(keras.layers.Dense(4, activation="tanh")(x))
     model = lpk.Pipeline(keras.Model(x, keras.layers.Dense(3)(h)), 2, 2, devices=DEVICES)
-    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
-    data, labels = np.ones((8, 5), np.float32), np.ones((8, 3), np.float32)
-    model.fit(data, labels, batch_size=8, epochs=1, verbose=0)  # builds the optimizer
-    step = tf.function(lambda a, b: model.train_step((a, b)))
-    graph = step.get_concrete_function(tf.constant(data), tf.constant(labels)).graph
-    inner = {id(outer): placeholder for outer, placeholder in graph.captures}
-    handles = {inner[id(w.value.handle)].ref() for w in model.trainable_weights}
+    graph, _, updates = _TracedStep(model)
     ops = graph.get_operations()
-    updates = [o for o in ops if o.type in UPDATES and o.inputs[0].ref() in handles]
     # The loss's weighted mean over the micro-batches, and the stitched predictions.
     made = [o for o in ops if o.name.startswith("metrics/") and o.type == "DivNoNan"]
     made += [o for o in ops if o.type == "DynamicStitch"]
