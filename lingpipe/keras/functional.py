@@ -52,8 +52,9 @@ Supported:
   tests/keras/conformance.py is the table of Keras features checked against the plain
   model, and of what is refused.
 
-Not supported: subclassed keras.Model (no graph to cut); a non-trainable state shared
-by layers on two stages (threaded in program order); a masked output beside other
+Not supported: subclassed keras.Model (no graph to cut); state that one layer on two
+stages updates (a batch norm called twice) under several micro-batches (refused in one
+line: with one, it is threaded in program order); a masked output beside other
 outputs or layers' losses (refused in one line); compile(jit_compile=True) (refused);
 a layer that assigns its trainable weights in its call, as SpectralNormalization does
 in training; a stateful RNN; a sparse or ragged input; a model class that overrides

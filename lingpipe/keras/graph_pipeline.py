@@ -224,8 +224,9 @@ class GraphPipeline:
     def _StageRun(self, s: int, training: bool, states: dict | None) -> Callable:
         """run(weights, live inputs) -> live outputs of stage s (see the module).
 
-        `states` ({id(variable): value}) threads the non-trainable weights through the
-        stage's forwards in training; None leaves them as they are (inference)."""
+        `states` ({id(variable): (the stage that wrote it, its value)}) threads the
+        non-trainable weights through the stage's forwards in training; None leaves them
+        as they are (inference)."""
         graph, cut = self._graph, self._cut
         trainable, state_vars, seed_vars = self._trainable[s], self._state[s], self._seeds[s]
         seen: dict = {}  # id(input tensor): its Keras mask as this stage's forward found it
@@ -241,7 +242,7 @@ class GraphPipeline:
                 mapping.append((v, tf.cast(seed, v.dtype)))
             record = states is not None and not base_layer.IsRecomputing()
             if record:
-                mapping += [(v, states[id(v)]) for v in state_vars if id(v) in states]
+                mapping += [(v, states[id(v)][1]) for v in state_vars if id(v) in states]
             added = []
             with keras.StatelessScope(
                 mapping, initialize_variables=False, collect_losses=True
@@ -257,11 +258,27 @@ class GraphPipeline:
                 for v in state_vars:
                     new = scope.get_current_value(v)
                     if new is not None:
-                        states[id(v)] = new
+                        self._CheckOneWriter(v, s, states.get(id(v), (s,))[0])
+                        states[id(v)] = (s, new)
             outputs = tuple(values[k] for k in cut.live[s + 1])
             return outputs, self._Extras(s, extras, added, live, outputs)
 
         return Run
+
+    def _CheckOneWriter(self, variable: Any, s: int, first: int) -> None:
+        """Refuses state (batch norm's statistics) that layers on two stages, `first` and
+        `s`, update while a step runs several micro-batches: the stages' forwards run in
+        the schedule's order, not the plain model's micro-batch after micro-batch."""
+        if first != s and self._num_micro_batches > 1:
+            layers = self.StageLayers()[s]
+            owner = [x for x in layers if any(w is variable for w in getattr(x, "weights", []))]
+            name = f"{type(owner[0]).__name__} {owner[0].name!r}" if owner else "a layer"
+            raise ValueError(
+                f"{self._where}: {name} updates its state {variable.path!r} on stages "
+                f"{first} and {s}; the stages run each micro-batch in the schedule's order, "
+                "not one micro-batch after another as the plain model would; expected "
+                "num_micro_batches=1, or a layer of its own on each stage"
+            )
 
     def _CheckUnassigned(self, node: Any, scope: Any, weights: list) -> None:
         """Refuses a layer whose call assigns one of the stage's trainable weights (Keras'
@@ -353,7 +370,7 @@ class GraphPipeline:
 
     def _ApplyStates(self, states: dict) -> None:
         by_id = {id(v): v for vs in self._state for v in vs}
-        for key, value in states.items():
+        for key, (_, value) in states.items():
             by_id[key].assign(value)
 
     # ---- The two ways to run ----------------------------------------------------

@@ -542,6 +542,14 @@ def Refuse(what: str) -> None:
                 "mse",
             ],
         )
+    elif what == "a batch norm called on two stages":
+        _Seed()
+        x = keras.Input((8,), name="x")
+        norm = keras.layers.BatchNormalization(name="shared_norm")
+        h = norm(keras.layers.Dense(8, name="d1")(x))
+        h = norm(keras.layers.Dense(8, name="d2")(h))
+        model = keras.Model(x, keras.layers.Dense(CLASSES, name="out")(h))
+        _FitTwoSteps(lpk.Pipeline(model, 2, 2, split_points=["d2"]))
     elif what == "a stateful RNN":
         _Seed()
         x = keras.Input(batch_shape=(16, TIME, DIMS), name="x")
@@ -604,6 +612,11 @@ REFUSALS: dict[str, tuple[type, str]] = {
         ValueError,
         r"compiled losses reduce the batch differently \(.*'sum'.*'sum_over_batch_size'.*\); "
         r"expected one reduction",
+    ),
+    "a batch norm called on two stages": (
+        ValueError,
+        r"BatchNormalization 'shared_norm' updates its state 'shared_norm/moving_\w+' on "
+        r"stages 0 and 1; .* expected num_micro_batches=1",
     ),
     "a stateful RNN": (
         ValueError,
