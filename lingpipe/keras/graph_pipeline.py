@@ -113,7 +113,7 @@ class GraphPipeline:
             self._devices, self._placement, self._remat, merge_one=True, sparse_grads=True
         )
         self._MoveWeights()
-        self._Index()
+        self.IndexWeights()
 
     # ---- Construction -----------------------------------------------------------
 
@@ -141,13 +141,9 @@ class GraphPipeline:
                             )
 
     def IndexWeights(self) -> None:
-        """Reads again which weights are trainable (compile calls it, as Keras reads
-        `trainable` when a model is compiled): a base frozen when the pipeline was made
-        and unfrozen since trains from the next compile on."""
-        self._Index()
-
-    def _Index(self) -> None:
-        """Per stage: its trainable weights, state (non-trainable) weights and seed states."""
+        """Per stage: its trainable weights, state (non-trainable) weights and seed states.
+        Compile calls it again, as Keras reads `trainable` when a model is compiled: a base
+        frozen when the pipeline was made and unfrozen since trains from then on."""
         self._trainable, self._state, self._seeds = [], [], []
         for layers in self.StageLayers():
             layers = [x for x in layers if isinstance(x, keras.layers.Layer)]
@@ -247,7 +243,7 @@ class GraphPipeline:
             with keras.StatelessScope(
                 mapping, initialize_variables=False, collect_losses=True
             ) as scope:
-                read = [(w, scope.get_current_value(w)) for w in trainable]
+                read = {id(w): scope.get_current_value(w) for w in trainable}
                 for i in cut.stages[s]:
                     graph_lib.CallNode(graph.nodes[i], values, training)
                     # Taken after each call: a layer called again clears its earlier losses.
@@ -280,12 +276,13 @@ class GraphPipeline:
                 "num_micro_batches=1, or a layer of its own on each stage"
             )
 
-    def _CheckUnassigned(self, node: Any, scope: Any, weights: list) -> None:
-        """Refuses a layer whose call assigns one of the stage's trainable weights (Keras'
+    def _CheckUnassigned(self, node: Any, scope: Any, read: dict) -> None:
+        """Refuses a layer whose call assigns one of its trainable weights (Keras'
         SpectralNormalization writes the normalized kernel in training): the stage's
-        forwards read each weight as the step's value, so the write would be lost."""
-        for weight, value in weights:
-            if scope.get_current_value(weight) is not value:
+        forwards read each weight as the step's value (`read`, by id), so the write would
+        be lost."""
+        for weight in getattr(node.operation, "trainable_weights", []):
+            if id(weight) in read and scope.get_current_value(weight) is not read[id(weight)]:
                 layer = node.operation
                 raise ValueError(
                     f"{self._where}: {type(layer).__name__} {layer.name!r} assigns its "

@@ -301,7 +301,7 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         self._clear_losses()  # a previous call's layer losses: the pipeline adds its own
         batch = tf.shape(tf.nest.flatten(x)[0])[0]
         predictions: list = []
-        loss_fn = step_losses.LossFn(self, predictions)
+        loss_fn = step_losses.LossFn(self, predictions, batch, sample_weight)
         pipeline, scale = self._pipeline, step_losses.LossScale(self.optimizer)
         if not hasattr(pipeline, "FPropWithLosses"):  # a PipeliningLayer's loss_fn
             loss_fn = lambda y_pred, micro, fn=loss_fn: fn(y_pred, None, micro)  # noqa: E731
@@ -310,7 +310,6 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         loss_inputs = NestedMap(y=y, row=tf.range(batch))
         if sample_weight is not None:
             loss_inputs.sample_weight = sample_weight
-        loss_inputs.update(step_losses.BatchTotals(self, batch, sample_weight))
         # The executor's backward of micro-batch m starts from d(loss_m rows_m * its
         # loss_scale): divided by the batch's rows, that is the plain model's scaled loss
         # restricted to the micro-batch, so float16 overflows where the plain model's would.

@@ -29,11 +29,10 @@ from lingpipe import base_layer
 from lingpipe.nested_map import NestedMap
 
 __all__ = [
-    "BatchTotals",
     "LossFn",
-    "Reduction",
     "LossScale",
     "MicroBatchLoss",
+    "Reduction",
     "Scaled",
     "Stitched",
 ]
@@ -121,25 +120,15 @@ def Reduction(model: keras.Model) -> str:
     return found.pop()
 
 
-def BatchTotals(model: keras.Model, batch: Any, sample_weight: Any) -> NestedMap:
-    """Loss inputs, one entry per row, that LossFn reads under a loss reduced by 'sum'
-    (the batch's rows) or 'mean_with_sample_weight' (and the batch's sample weights),
-    split into micro-batches beside the labels: the batch's totals, seen by each."""
-    reduction, totals = Reduction(model), NestedMap()
-    if reduction in ("sum", "mean_with_sample_weight"):
-        totals.batch_rows = tf.fill([batch], tf.cast(batch, tf.float32))
-    if reduction == "mean_with_sample_weight" and sample_weight is not None:
-        total = tf.reduce_sum(tf.cast(sample_weight, tf.float32))
-        totals.batch_weight = tf.fill([batch], total)
-    return totals
-
-
-def LossFn(model: keras.Model, predictions: list) -> Any:
+def LossFn(model: keras.Model, predictions: list, batch: Any, sample_weight: Any) -> Any:
     """loss_fn(y_pred, layer_loss, micro) of the pipeline's ForwardBackward (module doc).
-    Appends each micro-batch's (y_pred, flat masks, rows) to `predictions`. Under a loss
-    reduced by 'sum' or 'mean_with_sample_weight' (Reduction) `micro` holds the batch's
-    totals (BatchTotals)."""
+    Appends each micro-batch's (y_pred, flat masks, rows) to `predictions`. `batch` (the
+    batch's rows) and `sample_weight` (the batch's, or None) weigh a loss reduced by
+    'sum' or 'mean_with_sample_weight' (Reduction)."""
     reduction = Reduction(model)
+    whole = None  # the batch's sample weights, where its loss is their weighted mean
+    if reduction == "mean_with_sample_weight" and sample_weight is not None:
+        whole = tf.reduce_sum(tf.cast(sample_weight, tf.float32))
 
     def Loss(y_pred: Any, layer_loss: Any, micro: NestedMap) -> NestedMap:
         loss = MicroBatchLoss(model, micro.y, y_pred, micro.get("sample_weight"))
@@ -155,11 +144,11 @@ def LossFn(model: keras.Model, predictions: list) -> Any:
             weight = tf.reduce_sum(tf.cast(masked[0], loss.dtype))
         # Weighted by rows, each loss counts as its share of the batch's loss: a sum's
         # whole, a weighted mean's share of the batch's sample weights.
-        if "batch_rows" in micro:
-            loss *= tf.cast(micro.batch_rows[0], loss.dtype) / rows
-        if "batch_weight" in micro:
+        if reduction == "sum" or whole is not None:
+            loss *= tf.cast(batch, loss.dtype) / rows
+        if whole is not None:
             mine = tf.reduce_sum(tf.cast(micro.sample_weight, loss.dtype))
-            loss *= mine / tf.cast(micro.batch_weight[0], loss.dtype)
+            loss *= mine / tf.cast(whole, loss.dtype)
         if layer_loss is not None:
             loss += tf.cast(layer_loss, loss.dtype)
         return NestedMap(loss=(loss, weight))
