@@ -14,21 +14,31 @@ check (results equal to a reference computed the same way, order and placement r
 from the traced graph, errors) does not depend on it. Tests marked `grappler` run with
 it on (the traced equivalence grid, the concurrency tests, a real Keras model's fit),
 as do the trainer, the examples and the benchmarks, which the tests run as subprocesses.
+
+Under pytest-xdist (the default run: -n 2) the controller runs no test, so it does not
+import TensorFlow: its import came before the workers started, about 5 s of every run.
 """
 
-import keras
 import pytest
-import tensorflow as tf
 
-from lingpipe import base_layer, cluster, seeds, test_utils
 
-cluster.SetLogicalCpuDevices(8)
-tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+def pytest_configure(config):
+    """The devices and Grappler's setting (module doc), in each process that runs tests."""
+    if config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput"):
+        return  # pytest-xdist's controller
+    import tensorflow as tf
+
+    from lingpipe import cluster
+
+    cluster.SetLogicalCpuDevices(8)
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
 
 @pytest.fixture(autouse=True)
 def _grappler_where_marked(request):
     """Grappler on for a test marked `grappler` (module doc), off again after it."""
+    import tensorflow as tf
+
     if request.node.get_closest_marker("grappler") is None:
         yield
         return
@@ -41,6 +51,11 @@ def _grappler_where_marked(request):
 
 def _Settings():
     """{name: (value, how to put it back)} of the process-wide settings a test may change."""
+    import keras
+    import tensorflow as tf
+
+    from lingpipe import base_layer, seeds
+
     policy = keras.mixed_precision.global_policy().name
     floatx, epsilon = keras.config.floatx(), keras.config.epsilon()
     layout, eager = keras.config.image_data_format(), tf.config.functions_run_eagerly()
@@ -101,4 +116,6 @@ def _same_settings_for_every_test():
 @pytest.fixture(autouse=True)
 def _seed_per_test(request):
     """Each test gets its own fixed seed, derived from its name."""
+    from lingpipe import test_utils
+
     test_utils.SetSeeds(test_utils.SeedFor(request.node.nodeid))
