@@ -33,7 +33,8 @@ Supported:
     the plain model's run on the same micro-batches one after another (threaded
     through each stage's forwards in micro-batch order, assigned once per step);
   - Keras dropout and other SeedGenerator layers: stateless seeds per step,
-    micro-batch and layer name, so recomputation (remat) reproduces the masks;
+    micro-batch and the generator's own seed, so recomputation (remat) reproduces
+    the masks and keras.utils.set_random_seed sets them;
   - Keras masks (Embedding(mask_zero=True)) crossing a cut;
   - batches of any size (a partial last batch, validation_split): split at run time
     into micro-batches differing by at most one row;

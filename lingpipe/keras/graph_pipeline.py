@@ -9,7 +9,9 @@ The graph (lingpipe.keras.graph) is cut into stages; each stage is an
 order, under a `keras.StatelessScope` that maps:
   - each trainable weight to the stage's variable (so the executor's tape sees it),
   - each seed generator's state to a stateless seed of the step, the micro-batch
-    and the layer (lingpipe.seeds): a replayed forward draws the same dropout mask,
+    and the generator's own seed (lingpipe.seeds): a replayed forward draws the same
+    dropout mask, and keras.utils.set_random_seed, or a layer's `seed`, sets the
+    masks as it sets the plain model's,
   - each non-trainable weight (batch norm's moving statistics) to the value the
     previous micro-batch's forward on the stage left, in training; the forwards of
     a stage run in micro-batch order, so after the step each holds what the plain
@@ -37,6 +39,7 @@ from keras.src.models import functional as keras_functional
 from lingpipe import asserts, base_layer, cluster, seeds
 from lingpipe.keras import graph as graph_lib
 from lingpipe.keras import graph_report
+from lingpipe.layers import keras_cell
 from lingpipe.nested_map import NestedMap
 from lingpipe.pipeline.planning import report
 from lingpipe.pipeline.schedules import generators, schedule
@@ -152,10 +155,8 @@ class GraphPipeline:
             self._state.append([w for w in weights if not w.trainable])
             found = {}
             for x in layers:
-                known = {id(w) for w in x.weights}
-                states = [v for v in x.variables if id(v) not in known]
-                for j, v in enumerate(states):
-                    found.setdefault(id(v), (x.name, j, v))
+                for j, (seed, v) in enumerate(keras_cell.GeneratorSeeds(x)):
+                    found.setdefault(id(v), (seed, j, v))
             self._seeds.append(list(found.values()))
         # Each weight's tf.Variable, read once here: under mixed precision Keras' autocast
         # makes `.value` a cast copy while the model is called.
@@ -232,9 +233,8 @@ class GraphPipeline:
             _SameMasks(tf.nest.flatten(live), seen, base_layer.IsRecomputing())
             values = dict(zip(cut.live[s], live))
             mapping = list(zip(trainable, weights))
-            for name, j, v in seed_vars:
-                # Named by the layer, not by Keras' counters: the same model, the same seeds.
-                seed = seeds.StatelessSeed(f"keras/{name}/{j}", 0)
+            for generator_seed, j, v in seed_vars:
+                seed = seeds.StatelessSeed(f"keras/{j}", generator_seed)
                 mapping.append((v, tf.cast(seed, v.dtype)))
             record = states is not None and not base_layer.IsRecomputing()
             if record:

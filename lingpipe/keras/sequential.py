@@ -174,6 +174,11 @@ class PipelinedSequential(model_base.PipelineModel):
         if not templates:
             raise ValueError(f"{where}: expected at least one Keras layer, received none")
         self._configs = _Configs(templates, where)
+        # Each layer's first seed generator's seed, for its cell's stateless seeds: so
+        # keras.utils.set_random_seed, or the layer's own `seed`, sets the masks.
+        self._generator_seeds = [
+            next(iter(keras_cell.GeneratorSeeds(t)), (None,))[0] for t in templates
+        ]
         self._knobs = dict(
             num_stages=num_stages,
             num_micro_batches=num_micro_batches,
@@ -195,7 +200,10 @@ class PipelinedSequential(model_base.PipelineModel):
         for i, config in enumerate(self._configs):
             cells.append(
                 keras_cell.KerasCell.Params().Set(
-                    name=f"cell_{i}", layers=[copy.deepcopy(config)], input_shape=list(shape[1:])
+                    name=f"cell_{i}",
+                    layers=[copy.deepcopy(config)],
+                    input_shape=list(shape[1:]),
+                    random_seed=self._generator_seeds[i],
                 )
             )
             layer = _Rebuilt(config)

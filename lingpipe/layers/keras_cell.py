@@ -40,6 +40,7 @@ from lingpipe import base_layer, hyperparams, seeds
 from lingpipe.nested_map import NestedMap
 
 __all__ = [
+    "GeneratorSeeds",
     "KerasCell",
     "KerasLayers",
     "LayerConfig",
@@ -54,6 +55,16 @@ def LayerConfig(class_name: str, **config: Any) -> dict:
         LayerConfig('Dense', units=64, activation='relu')  # keras.layers.Dense(64, ...)
     """
     return {"module": "keras.layers", "class_name": class_name, "config": dict(config)}
+
+
+def GeneratorSeeds(layer: Any) -> list[tuple[int, Any]]:
+    """(seed, state variable) of each of `layer`'s own seed generators (its variables
+    that are not weights): the seed a generator was given, or drew from what
+    keras.utils.set_random_seed set, when it was made. It stays the state's first entry
+    as the generator draws (Keras counts in the second)."""
+    weights = {id(w) for w in layer.weights}
+    states = [v for v in layer.variables if id(v) not in weights]
+    return [(int(keras.ops.convert_to_numpy(v)[0]), v) for v in states]
 
 
 def KerasLayers(layers: Any, where: str) -> list:

@@ -1,5 +1,5 @@
 """A Keras user's whole cycle with a pipelined model (lingpipe.keras.model_base):
-fit twice and after a fit that raised, BackupAndRestore, any batch size, nested
+fit twice and after a fit that raised, BackupAndRestore, seeds, any batch size, nested
 outputs with per-output losses, summary(), save/load/export/serve in fresh processes."""
 
 import os
@@ -418,3 +418,34 @@ def test_every_slot_of_an_optimizer_that_makes_its_own_sits_beside_its_weight(fr
     assert len(opt._r) == len(opt._c) == len(opt._v) == len(model.trainable_weights)  # noqa: SLF001
     for w, r, c, v in zip(model.trainable_weights, opt._r, opt._c, opt._v):  # noqa: SLF001
         assert {s.value.device for s in (r, c, v)} == {w.value.device}, w.path
+
+
+def _SeededDropoutFit(front, seed, dropout_seed=None):
+    """fit's losses of a dropout net built after keras.utils.set_random_seed(seed), its
+    layers named by Keras' counters (each build names them anew), through `front`."""
+    keras.utils.set_random_seed(seed)
+    tenth = keras.initializers.Constant(0.1)
+    layers = [
+        keras.layers.Dense(16, activation="relu", kernel_initializer=tenth),
+        keras.layers.Dropout(0.5, seed=dropout_seed),
+        keras.layers.Dense(3, kernel_initializer=tenth),
+    ]
+    knobs = dict(num_stages=2, num_micro_batches=2, devices=DEVICES)
+    if front == "Pipeline":
+        x = keras.Input((8,))
+        model = lpk.Pipeline(keras.Model(x, keras.Sequential(layers)(x)), **knobs)
+    else:
+        model = lpk.PipelinedSequential(layers, input_shape=(8,), **knobs)
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x, y = np.random.RandomState(0).rand(32, 8), np.random.RandomState(1).rand(32, 3)
+    return model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0).history["loss"]
+
+
+@pytest.mark.parametrize("front", ["Pipeline", "PipelinedSequential"])
+def test_keras_s_random_seed_sets_the_dropout_masks_as_it_does_for_the_plain_model(front):
+    # As in Keras: a seed generator without a seed of its own draws one from the seed
+    # keras.utils.set_random_seed gave, and one with a seed of its own keeps it.
+    first, again = _SeededDropoutFit(front, 5), _SeededDropoutFit(front, 5)
+    assert first == again
+    assert _SeededDropoutFit(front, 6) != first
+    assert _SeededDropoutFit(front, 5, dropout_seed=9) == _SeededDropoutFit(front, 6, 9)
