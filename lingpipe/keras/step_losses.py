@@ -6,13 +6,13 @@ loss as Keras weighs it, the batch's merged predictions, and float16's loss scal
     ... pipeline.ForwardBackward(theta, x, loss_fn, loss_inputs, loss_scale)
     y_pred = step_losses.Stitched(predictions)         # the batch's, masks included
 
-A micro-batch's loss is the compiled loss (Keras' compute_loss) plus the losses its
-layers added, weighted as Keras reduces a batch: by its rows, or by the valid entries
-of a masked output (Keras divides a masked loss by them), so the weighted mean over
-micro-batches is the plain model's loss of the batch. A compiled loss reduced by 'sum'
-counts whole (times the batch's rows over the micro-batch's), and one reduced by
-'mean_with_sample_weight' as its share of the batch's sample weights; the outputs'
-losses must share one reduction (Reduction).
+A micro-batch's loss is the compiled loss (Keras' compute_loss; none where compile was
+given no loss) plus the losses its layers added, weighted as Keras reduces a batch: by
+its rows, or by the valid entries of a masked output (Keras divides a masked loss by
+them), so the weighted mean over micro-batches is the plain model's loss of the batch.
+A compiled loss reduced by 'sum' counts whole (times the batch's rows over the
+micro-batch's), and one reduced by 'mean_with_sample_weight' as its share of the
+batch's sample weights; the outputs' losses must share one reduction (Reduction).
 """
 
 from __future__ import annotations
@@ -51,10 +51,11 @@ class _NoLossMetrics:
 
 def MicroBatchLoss(model: keras.Model, y: Any, y_pred: Any, sample_weight: Any) -> tf.Tensor:
     """The compiled loss of one micro-batch, its per-output loss metrics left alone
-    (the step updates them once, on the whole batch, as Keras' own step does)."""
+    (the step updates them once, on the whole batch, as Keras' own step does); 0 for a
+    model compiled without a loss (its layers' losses are all of it)."""
     compile_loss = model._compile_loss  # noqa: SLF001
     if compile_loss is None:
-        return model.compute_loss(y=y, y_pred=y_pred, sample_weight=sample_weight)
+        return tf.zeros([], tf.float32)
     with _LossMetricsOff(compile_loss):
         return model.compute_loss(y=y, y_pred=y_pred, sample_weight=sample_weight)
 
@@ -131,6 +132,12 @@ def LossFn(model: keras.Model, predictions: list, batch: Any, sample_weight: Any
         whole = tf.reduce_sum(tf.cast(sample_weight, tf.float32))
 
     def Loss(y_pred: Any, layer_loss: Any, micro: NestedMap) -> NestedMap:
+        if model._compile_loss is None and layer_loss is None:  # noqa: SLF001
+            raise ValueError(
+                f"{type(model).__name__} {model.name!r}: no loss to compute: compile() was "
+                "given no loss and no layer adds one; expected compile(loss=...) or a "
+                "layer's add_loss"
+            )
         loss = MicroBatchLoss(model, micro.y, y_pred, micro.get("sample_weight"))
         flat = tf.nest.flatten(y_pred)
         masks = [masking.get_keras_mask(t) for t in flat]

@@ -235,6 +235,10 @@ FEATURES: dict[str, Feature] = {
         policy="mixed_bfloat16",
     ),
     "add_loss and activity regularizers": Feature(LayerLossModel, _Sgd(), DenseData),
+    # keras.io's captcha OCR example: its CTC loss is a layer's add_loss.
+    "compiled without a loss: the layers' losses alone": Feature(
+        LayerLossModel, lambda: dict(optimizer=keras.optimizers.SGD(0.1)), DenseData
+    ),
     "kernel regularizers": Feature(lambda: _Regularized(DenseModel()), _Sgd(), DenseData),
     "masked token loss, uneven padding": Feature(
         lambda: TokenModel(mask_zero=True),

@@ -449,3 +449,20 @@ def test_keras_s_random_seed_sets_the_dropout_masks_as_it_does_for_the_plain_mod
     assert first == again
     assert _SeededDropoutFit(front, 6) != first
     assert _SeededDropoutFit(front, 5, dropout_seed=9) == _SeededDropoutFit(front, 6, 9)
+
+
+def test_a_model_compiled_without_a_loss_whose_layers_add_none_says_so_in_one_line():
+    # The plain model says "No loss to compute" too; with a layer's add_loss both train
+    # (the conformance table's row "compiled without a loss: the layers' losses alone").
+    x = keras.Input((8,))
+    model = lpk.Pipeline(
+        keras.Model(x, keras.layers.Dense(3)(keras.layers.Dense(4)(x))),
+        num_stages=2,
+        num_micro_batches=2,
+        devices=DEVICES,
+    )
+    model.compile(optimizer="sgd")
+    with pytest.raises(ValueError) as raised:
+        model.fit(np.ones((4, 8)), np.ones((4, 3)), batch_size=4, verbose=0)
+    (line,) = str(raised.value).splitlines()
+    assert "no loss to compute: compile() was given no loss and no layer adds one" in line
