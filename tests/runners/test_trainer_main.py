@@ -7,7 +7,6 @@ logdir is left as it was. A URL logdir is written through tf.io.gfile only.
 
 import os
 import re
-import socket
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ import tensorflow as tf
 from trainer_runs import (
     KEY,
     AssertRefused,
+    FreePorts,
     Listing,
     Main,
     MainWithOutput,
@@ -55,13 +55,6 @@ def test_bad_input_is_refused_before_anything_is_written(capsys, tmp_path, flags
     assert not logdir.exists()
 
 
-def _ClosedPort():
-    """A local port that nothing listens on (it was free a moment ago)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # test_trainer.py's test_logdir_that_is_a_file shows the binary exits with main's status 2.
 @pytest.mark.parametrize(
     "flags, message",
@@ -95,7 +88,8 @@ def test_bad_flags_exit_2_with_a_clear_message_and_write_nothing(
     for name in ("TF_CONFIG", "TPU_NAME", "TPU_CONFIG", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("GCE_METADATA_IP", raising=False)
-    monkeypatch.setenv("GCE_METADATA_HOST", f"127.0.0.1:{_ClosedPort()}")
+    (closed,) = FreePorts(1)  # nothing listens there
+    monkeypatch.setenv("GCE_METADATA_HOST", f"127.0.0.1:{closed}")
     monkeypatch.setenv("no_proxy", "*")
     monkeypatch.setenv("NO_PROXY", "*")
     logdir = tmp_path / "never"
