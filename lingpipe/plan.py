@@ -54,7 +54,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import Any
+from typing import Any, NoReturn
 
 from lingpipe.pipeline.step import settings
 
@@ -511,10 +511,16 @@ def Restrictions(args: Any) -> dict:
     return out
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's errors as this command's others: one line, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"lingpipe.plan: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m lingpipe.plan", description=__doc__.split("\n\n")[0]
-    )
+    ap = _Parser(prog="python -m lingpipe.plan", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="a registered model (lm.TransformerLmTiny)")
     ap.add_argument("--devices", type=int, required=True, help="devices to use (N)")
     ap.add_argument("--memory_per_device", required=True, help="16GiB, 512MiB or bytes")
@@ -540,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.devices < 1:
             raise PlanError(f"--devices={args.devices}: expected a number of devices >= 1")
+        if args.verify < 0:
+            raise PlanError(f"--verify={args.verify}: expected a number of plans to train >= 0")
         if args.global_batch is not None and args.global_batch < 1:
             raise PlanError(f"--global_batch={args.global_batch}: expected a batch size >= 1")
         cap = ParseSize(args.memory_per_device)

@@ -95,6 +95,9 @@ def test_verify_says_why_the_trainer_measured_nothing():
     "flags,line",
     [
         (["--devices=0", "--memory_per_device=1GiB"], "--devices=0: expected a number of"),
+        (["--devices=two", "--memory_per_device=1GiB"], "argument --devices: invalid int value"),
+        (["--devices=2"], "the following arguments are required: --memory_per_device"),
+        (["--devices=2", "--memory_per_device=1GiB", "--verify=-1"], "--verify=-1: expected a"),
         (["--devices=2", "--memory_per_device=12XB"], "--memory_per_device=12XB: expected a"),
         (["--devices=2", "--memory_per_device=1GiB", "--costs=fast"], "--costs=fast: expected"),
         (
@@ -118,6 +121,7 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, flags, 
     assert done.returncode == 2
     errors = [ln for ln in done.stderr.splitlines() if ln.startswith("lingpipe.plan:")]
     assert len(errors) == 1 and line in errors[0], done.stderr[-2000:]
+    assert "usage:" not in done.stderr, done.stderr  # the one line, not argparse's usage
     assert not out.exists()
 
 
