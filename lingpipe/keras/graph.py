@@ -474,7 +474,8 @@ def MakeCut(
         policy = partition if isinstance(partition, str) else f"explicit {list(partition)}"
         unit_costs = NodeCosts(graph, partition if isinstance(partition, str) else "flops")
         try:
-            counts = partition_lib.Counts(partition, unit_costs, num_stages)
+            units = ("layer calls", "the model")
+            counts = partition_lib.Counts(partition, unit_costs, num_stages, units)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
     stages, start = [], 0

@@ -54,7 +54,7 @@ import numpy as np
 import tensorflow as tf
 from keras import tree
 
-from lingpipe import base_layer, cluster, seeds
+from lingpipe import asserts, base_layer, cluster, seeds
 from lingpipe.keras import preprocessing, step_losses
 from lingpipe.nested_map import NestedMap
 from lingpipe.pipeline.schedules import schedule as schedule_lib
@@ -86,7 +86,9 @@ def _ScheduleFromConfig(value: Any) -> Any:
 def EnsureDevices(num_stages: int, devices: Sequence[str] | None, where: str) -> None:
     """On a machine without accelerators, splits the CPU into the logical devices the
     stages need (a fresh process loading a saved model, say); if TensorFlow has already
-    started with too few, one RuntimeError that says what to call first."""
+    started with too few, one RuntimeError that says what to call first. A num_stages
+    that is not a positive integer is one ValueError."""
+    asserts.Positive(num_stages, "num_stages", where=where)
     if any(tf.config.list_physical_devices(kind) for kind in ("TPU", "GPU")):
         return  # accelerators: cluster.StageDevices decides
     needed = num_stages

@@ -455,11 +455,26 @@ def ResolveArgs(
         out[k] = knobs[k]
     if "split_points" in given:
         out["partition"] = knobs["partition"]
+    elif "partition" not in given and _StagesChanged(knobs, plan.knobs, given):
+        # The plan's counts cut its own stages; another number of stages is cut by cost.
+        out["partition"] = "flops"
+        warnings.warn(
+            f"{where}: the plan's partition {plan.knobs['partition']} gives way to "
+            "partition='flops': the stages given explicitly are not the plan's",
+            stacklevel=4,
+        )
     # The devices: those given (or the plan's names), the first of them for K stages.
     pool = knobs["devices"] if "devices" in given else plan.devices
     if pool is not None:
         out["devices"] = list(pool)[: out["num_stages"]]
     return out
+
+
+def _StagesChanged(knobs: dict, planned: dict, given: Sequence[str]) -> bool:
+    """Whether a knob given explicitly changes what the stages are (their number: the
+    devices', a schedule's stages per device, the virtual stages)."""
+    changes = ("num_stages", "schedule", "num_virtual_stages")
+    return any(k in given and knobs[k] != planned.get(k) for k in changes)
 
 
 def RecordsGivenArguments(init: Callable) -> Callable:

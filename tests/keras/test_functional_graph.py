@@ -1,6 +1,8 @@
 """lingpipe.keras.Pipeline on a nested Functional model: cut at layer names, the partition
 report's crossing tensors, equality with the plain model, errors in one line."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -130,6 +132,25 @@ def test_more_stages_than_layer_calls_is_one_line():
     ) as e:
         lpk.Pipeline(_Classifier(), num_stages=6, devices=[f"/device:CPU:{i}" for i in range(6)])
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("front", ["Pipeline", "PipelinedSequential"])
+@pytest.mark.parametrize("num_stages", [-1, 2.5, "2"])
+def test_num_stages_that_is_not_a_positive_integer_is_one_line(front, num_stages):
+    # -1 built a pipeline; 2.5 failed deep inside with "slice indices must be integers".
+    layers = [keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(2)]
+    make = {"Pipeline": lambda: lpk.Pipeline(keras.Sequential(layers), num_stages=num_stages),
+            "PipelinedSequential": lambda: lpk.PipelinedSequential(
+                layers[1:], input_shape=(8,), num_stages=num_stages)}[front]  # fmt: skip
+    expected = f"expected num_stages to be a positive integer, received num_stages={num_stages!r}"
+    with pytest.raises(ValueError, match=re.escape(expected)) as e:
+        make()
+    assert "\n" not in str(e.value)
+
+
+def test_a_partition_of_another_number_of_layer_calls_is_one_line():
+    with pytest.raises(ValueError, match=r"\[1, 1\] adds up to 2 layer calls, but the model has 5"):
+        lpk.Pipeline(_Classifier(), num_stages=2, partition=[1, 1], devices=DEVICES[:2])
 
 
 def test_split_points_count_must_match_stages():

@@ -288,6 +288,20 @@ def test_an_explicit_knob_beside_a_plan_wins_and_warns():
     assert pipe.get_config()["num_micro_batches"] == 2
 
 
+@pytest.mark.parametrize("knob", [dict(num_stages=2), dict(schedule="zbv")])
+def test_an_explicit_knob_that_changes_the_stages_cuts_them_by_cost_and_says_so(knob):
+    # The plan's partition counts layer calls for its own stages: with K=1 (one stage)
+    # it could not cut two, or zbv's four, and the constructor failed on "[4] has 1 stage(s)".
+    model = _Mlp()
+    plan = _Plan(model, num_stages=1)
+    assert plan.knobs["partition"] == [4]  # the layer calls, one stage
+    with pytest.warns(UserWarning) as warned:
+        pipe = lpk.Pipeline(model, plan=plan, devices=DEVICES, **knob)
+    messages = [str(w.message) for w in warned]
+    assert any("the plan's partition [4] gives way to partition='flops'" in m for m in messages)
+    assert pipe.get_config()["partition"] == "flops" and len(pipe.pipeline.cut.stages) > 1
+
+
 def test_auto_plans_and_a_saved_model_keeps_the_knobs_not_the_plan(tmp_path):
     model = _Mlp()
     # 32 KiB: the 4 layers' weights, gradients and Adam's slots (30 KiB) and its update

@@ -86,8 +86,14 @@ def _MinMaxPartition(costs: Sequence[float], num_stages: int) -> list[int]:
     return counts[::-1]
 
 
-def CheckCounts(counts: Sequence[int], num_cells: int, num_stages: int) -> list[int]:
-    """Validates an explicit partition (cell counts per stage) and returns it as a list."""
+def CheckCounts(
+    counts: Sequence[int],
+    num_cells: int,
+    num_stages: int,
+    units: tuple[str, str] = ("cells", "cell_tpl"),
+) -> list[int]:
+    """Validates an explicit partition (cell counts per stage) and returns it as a list;
+    `units` names what is counted and what holds them (a Keras graph's layer calls)."""
     counts = list(counts)
     if len(counts) != num_stages:
         raise ValueError(
@@ -100,18 +106,24 @@ def CheckCounts(counts: Sequence[int], num_cells: int, num_stages: int) -> list[
         )
     if sum(counts) != num_cells:
         raise ValueError(
-            f"explicit partition {counts} adds up to {sum(counts)} cells, but cell_tpl has "
-            f"{num_cells}"
+            f"explicit partition {counts} adds up to {sum(counts)} {units[0]}, but "
+            f"{units[1]} has {num_cells}"
         )
     return counts
 
 
-def Counts(partition: Any, costs: Sequence[float], num_stages: int) -> list[int]:
+def Counts(
+    partition: Any,
+    costs: Sequence[float],
+    num_stages: int,
+    units: tuple[str, str] = ("cells", "cell_tpl"),
+) -> list[int]:
     """Units per stage, as both front ends cut: a policy's name (a str) balances `costs`
-    (MinMaxPartition); a list of counts is checked (CheckCounts) and kept."""
+    (MinMaxPartition); a list of counts is checked (CheckCounts, naming `units`) and
+    kept."""
     if isinstance(partition, str):
         return MinMaxPartition(costs, num_stages)
-    return CheckCounts(partition, len(costs), num_stages)
+    return CheckCounts(partition, len(costs), num_stages, units)
 
 
 def Boundaries(counts: Sequence[int]) -> list[tuple[int, int]]:
