@@ -23,12 +23,12 @@ __all__ = [
 ]
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("num_stages", 4, "Pipeline stages (devices).")
-flags.DEFINE_integer("num_micro_batches", 8, "Micro-batches per batch.")
+flags.DEFINE_integer("num_stages", 4, "Pipeline stages (devices).", lower_bound=1)
+flags.DEFINE_integer("num_micro_batches", 8, "Micro-batches per batch.", lower_bound=1)
 flags.DEFINE_enum("remat", "always", ["always", "except_last", "never"], "Recompute policy.")
-flags.DEFINE_integer("num_layers", 8, "Transformer layers in the stack.")
-flags.DEFINE_integer("steps", 10, "Training steps.")
-flags.DEFINE_integer("batch", 32, "Examples per batch.")
+flags.DEFINE_integer("num_layers", 8, "Transformer layers in the stack.", lower_bound=1)
+flags.DEFINE_integer("steps", 10, "Training steps.", lower_bound=1)
+flags.DEFINE_integer("batch", 32, "Examples per batch.", lower_bound=1)
 flags.DEFINE_float("learning_rate", 0.05, "SGD learning rate.")
 
 
@@ -114,7 +114,10 @@ def main(argv: list[str]) -> int:
 
 
 def Run() -> None:
-    app.run(lambda argv: sys.exit(main(argv)))
+    from lingpipe import command_line
+
+    parse = command_line.AbslParser("lingpipe.demo")
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,6 @@ device any candidate needs, and that candidate.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -54,8 +53,9 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import Any, NoReturn
+from typing import Any
 
+from lingpipe import command_line
 from lingpipe.pipeline.step import settings
 
 __all__ = [
@@ -511,16 +511,10 @@ def Restrictions(args: Any) -> dict:
     return out
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's errors as this command's others: one line, exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"lingpipe.plan: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="python -m lingpipe.plan", description=__doc__.split("\n\n")[0])
+    ap = command_line.ArgumentParser(
+        "lingpipe.plan", error_prefix="lingpipe.plan:", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--model", required=True, help="a registered model (lm.TransformerLmTiny)")
     ap.add_argument("--devices", type=int, required=True, help="devices to use (N)")
     ap.add_argument("--memory_per_device", required=True, help="16GiB, 512MiB or bytes")

@@ -62,6 +62,7 @@ from typing import NamedTuple
 
 from absl import app, flags, logging
 
+from lingpipe import command_line
 from lingpipe.pipeline.step import settings
 from lingpipe.runners import plan_flags, startup, stop_signals
 
@@ -688,17 +689,6 @@ def Run() -> None:
     if not getattr(main_module, "__doc__", None):
         main_module.__doc__ = __doc__
 
-    def ParseFlags(argv: list[str]) -> list[str]:
-        try:
-            return FLAGS(argv)
-        except flags.Error as e:
-            print(f"lingpipe.trainer: error: {e} (see --help)", file=sys.stderr)
-            sys.exit(2)
-        except SystemExit as e:
-            # Parsing exits by itself only once --help (or --helpfull) has printed
-            # the help: a success.
-            sys.exit(0 if e.code == 1 else e.code)
-
     def Main(argv: list[str]) -> None:
         status = main(argv)
         # The run has ended: a late SIGTERM would lose its status (-15), a late Ctrl-C
@@ -710,7 +700,7 @@ def Run() -> None:
         gc.freeze()
         sys.exit(status)
 
-    app.run(Main, flags_parser=ParseFlags)
+    app.run(Main, flags_parser=command_line.AbslParser("lingpipe.trainer"))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def _Demo(*flags):
     return subprocess.run(
@@ -24,7 +26,15 @@ def test_demo_trains_the_pipeline_like_the_plain_stack():
     assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in losses), losses
 
 
-def test_demo_rejects_a_bad_flag():
-    done = _Demo("--remat=sometimes")
-    assert done.returncode != 0
-    assert "--remat" in done.stderr and "always" in done.stderr
+@pytest.mark.parametrize(
+    "flag, expected",
+    [
+        ("--remat=sometimes", "flag --remat=sometimes: value should be one of <always|"),
+        ("--num_layers=0", "flag --num_layers=0: 0 is not a positive integer"),
+    ],
+)
+def test_demo_rejects_a_bad_flag_in_one_line_with_status_2(flag, expected):
+    done = _Demo(flag)
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()  # before TensorFlow starts: nothing else printed
+    assert line.startswith("lingpipe.demo: error: " + expected), line

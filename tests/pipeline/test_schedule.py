@@ -154,6 +154,13 @@ def test_command_prints_the_grid_and_figures():
     bad = Command("--schedule=pipedream")
     assert bad.returncode == 2 and not bad.stdout
     assert "unknown schedule 'pipedream'" in bad.stderr
+    # argparse's own errors too: one line, not its usage block.
+    bad = Command("--num_micro_batches=eight")
+    assert bad.returncode == 2 and not bad.stdout
+    assert bad.stderr == (
+        "lingpipe.pipeline.schedules: error: argument --num_micro_batches: invalid int "
+        "value: 'eight'\n"
+    )
 
 
 def Bubble(name, k=4, m=8, v=1):

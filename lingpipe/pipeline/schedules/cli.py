@@ -11,9 +11,9 @@ why.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from lingpipe import command_line
 from lingpipe.pipeline.schedules import generators, simulate
 from lingpipe.pipeline.schedules.schedule import FromCsvFile, ScheduleError
 
@@ -24,7 +24,7 @@ __all__ = [
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the command on `argv` (default sys.argv); returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m lingpipe.pipeline.schedules")
+    parser = command_line.ArgumentParser("lingpipe.pipeline.schedules")
     names = ", ".join(generators.SCHEDULES)
     parser.add_argument("--schedule", default="gpipe", help=f"one of {names}")
     parser.add_argument("--num_stages", type=int, default=4, help="K, the devices")
