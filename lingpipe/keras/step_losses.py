@@ -101,7 +101,8 @@ _MEANS = ("sum_over_batch_size", "mean")
 
 def Reduction(model: keras.Model) -> str:
     """The one reduction of the model's compiled losses ('sum_over_batch_size' without
-    any); a ValueError where its outputs' losses reduce the batch differently."""
+    any); a ValueError where its outputs' losses reduce the batch differently, or one
+    does not reduce it (reduction=None)."""
     compile_loss = model._compile_loss  # noqa: SLF001
     losses = [getattr(compile_loss, "_user_loss", None)] if compile_loss is not None else []
     # A loss given by name or as a function reduces by Keras' mean.
@@ -110,6 +111,13 @@ def Reduction(model: keras.Model) -> str:
         for x in keras.tree.flatten(losses)
         if x is not None
     ]
+    if None in reductions:
+        raise ValueError(
+            f"{type(model).__name__} {model.name!r}: a compiled loss with reduction=None: "
+            "Keras trains on the sum of its per-example losses and reports their mean, "
+            "and the pipeline weighs one reduced loss per micro-batch; expected "
+            "reduction='sum' for the same gradients, or Keras' default mean"
+        )
     found = {"sum_over_batch_size" if r in _MEANS else r for r in reductions}
     found = found or {"sum_over_batch_size"}
     if len(found) > 1:

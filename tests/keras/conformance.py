@@ -546,6 +546,9 @@ def Refuse(what: str) -> None:
                 "mse",
             ],
         )
+    elif what == "a loss with reduction=None":
+        none = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+        _FitTwoSteps(lpk.Pipeline(DenseModel(), 2, 2), loss=none)
     elif what == "a batch norm called on two stages":
         _Seed()
         x = keras.Input((8,), name="x")
@@ -616,6 +619,12 @@ REFUSALS: dict[str, tuple[type, str]] = {
         ValueError,
         r"compiled losses reduce the batch differently \(.*'sum'.*'sum_over_batch_size'.*\); "
         r"expected one reduction",
+    ),
+    # Keras then trains on the per-example losses' sum and reports their mean.
+    "a loss with reduction=None": (
+        ValueError,
+        r"a compiled loss with reduction=None: .* expected reduction='sum' for the same "
+        r"gradients",
     ),
     "a batch norm called on two stages": (
         ValueError,
