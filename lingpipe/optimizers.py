@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -78,7 +79,7 @@ class _ColocatedAdafactor(keras.optimizers.Adafactor):
         for var in var_list:
             overwrite = self._overwrite_variable_with_gradient(var)
             r = c = v = None
-            with tf.device(var.device):
+            with tf.device(_Device(var)):
                 shape = var.shape.as_list()
                 if len(shape) >= 2 and not overwrite:
                     base = _SlotBaseName(var)
@@ -92,6 +93,11 @@ class _ColocatedAdafactor(keras.optimizers.Adafactor):
             self._r.append(r)
             self._c.append(c)
             self._v.append(v)
+
+
+def _Device(var: Any) -> str:
+    """The device of a tf.Variable, or of a keras.Variable's tf.Variable."""
+    return getattr(var, "device", None) or var.value.device
 
 
 def _AsReduced(grads_and_vars):

@@ -268,3 +268,27 @@ def test_a_cap_too_small_is_refused_before_the_device_s_rates_are_measured(monke
     flags = ["--model=lm.TransformerLmTiny", "--devices=1", "--memory_per_device=1MiB"]
     assert plan.main([*flags, "--costs=flops"]) == 2
     assert "lingpipe.plan: --memory_per_device=1.0 MiB: no plan of " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name, cells",
+    [
+        ("image.AmoebaNetDigitsTiny", None),
+        # The same code at GPipe's sizes: 12 and 10 s (the Adafactor part is also
+        # test_update_memory.py's).
+        pytest.param("image.AmoebaNetImageNetGPipe", None, marks=pytest.mark.extended),
+        ("keras_models.KerasMlp", 3),
+        pytest.param("mt.TransformerEncDecGPipe", None, marks=pytest.mark.extended),
+    ],
+)
+def test_every_registered_pipeline_has_costs_and_a_memory_estimate(name, cells):
+    # Each failed before the search: the AmoebaNets' PipelineParams wanted a `where`,
+    # the Keras MLP's pipeline had no input shapes to cost its cells by, and the
+    # translation model's Adafactor could not be traced for its update's memory.
+    model = plan.RegisteredModel(name, None)
+    costs = model.Costs()
+    assert all(f > 0 for f in costs.flops) and len(costs.flops) == (cells or len(costs.flops))
+    n = len(costs.flops)
+    one = planner.Candidate(1, 2, 1, "gpipe", 1, "never", (n // 2, n - n // 2))
+    peaks = model.Memory(one)
+    assert len(peaks) == 2 and all(p > 0 for p in peaks), peaks

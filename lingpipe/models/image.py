@@ -74,7 +74,7 @@ class AmoebaNetClassifier(base_task.BaseTask):
         self.CreateChild("pipeline", self.PipelineParams(p, self.path))
 
     @classmethod
-    def PipelineParams(cls, p: hyperparams.Params, where: str) -> hyperparams.Params:
+    def PipelineParams(cls, p: hyperparams.Params, where: str = "") -> hyperparams.Params:
         """The PipeliningLayer's params: stem, cells, head (builds nothing)."""
         for name in ("num_classes", "filters", "num_normal_cells", "num_reduction_cells"):
             asserts.Positive(p.Get(name), name, where=where)

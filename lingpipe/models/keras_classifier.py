@@ -41,7 +41,19 @@ class PipelinedClassifier(base_task.BaseTask):
                 f"{self.path}: expected cells to be a non-empty list of layer params, "
                 f"received cells={p.cells!r:.120}"
             )
-        self.CreateChild("pipeline", base_task.PipelineLayerParams(p, list(p.cells)))
+        self.CreateChild("pipeline", self.PipelineParams(p))
+
+    @classmethod
+    def PipelineParams(cls, p: hyperparams.Params, where: str = "") -> hyperparams.Params:
+        """The params of the `pipeline` child that task params `p` build (nothing built).
+        Where the first cell names its input's shape (a KerasCell's input_shape) and the
+        input its batch size, they are the pipeline's input_shapes: what the planner and
+        partition='flops' cost the cells by."""
+        first = p.cells[0] if isinstance(p.cells, (list, tuple)) and p.cells else None
+        shape = first.Get("input_shape") if first is not None and "input_shape" in first else None
+        batch = p.input.batch_size if p.input is not None and "batch_size" in p.input else None
+        shapes = [[batch, *shape]] if shape and batch else None
+        return base_task.PipelineLayerParams(p, list(p.cells or []), shapes)
 
     def PipelineInputs(self, theta: NestedMap, input_batch: NestedMap) -> tuple:
         """(images,) as the pipeline's float inputs."""

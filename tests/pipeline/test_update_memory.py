@@ -23,6 +23,13 @@ def test_adam_makes_slices_dense_twice_and_squares_them_sgd_scales_them():
     assert update_memory.UpdateCostOf(None) == update_memory.UpdateCost()
 
 
+def test_lingpipe_s_adafactor_is_traced_on_the_probe_s_keras_variable():
+    # Its build placed each slot with var.device, which a keras.Variable lacks: the
+    # translation model (Adafactor) could not be planned.
+    cost = update_memory.UpdateCostOf(optimizers.Adafactor.Params())
+    assert cost.dense > 0
+
+
 def test_an_optimizer_that_is_not_one_is_refused_in_one_line():
     with pytest.raises(
         ValueError, match=r"^plan: expected optimizer to be a Keras .*received str$"
