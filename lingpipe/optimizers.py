@@ -96,8 +96,10 @@ class _ColocatedAdafactor(keras.optimizers.Adafactor):
 
 
 def _Device(var: Any) -> str:
-    """The device of a tf.Variable, or of a keras.Variable's tf.Variable."""
-    return getattr(var, "device", None) or var.value.device
+    """The device of a tf.Variable, or of a keras.Variable's tf.Variable (a keras.Variable
+    has none of its own)."""
+    device = getattr(var, "device", None)
+    return var.value.device if device is None else device
 
 
 def _AsReduced(grads_and_vars):
