@@ -35,6 +35,7 @@ __all__ = [
     "SetLogicalCpuDevices",
     "StageDevices",
     "TaskDevices",
+    "VariableDevice",
 ]
 
 # TensorFlow accepts many more, but each logical CPU device costs threads and
@@ -295,6 +296,13 @@ def HostOf(device: str) -> str:
     if spec.job is None or _IsLocal(spec):
         return "local"
     return f"{spec.job} {spec.task or 0}"
+
+
+def VariableDevice(variable: Any) -> str:
+    """The device of a tf.Variable, or of a keras.Variable's tf.Variable (a keras.Variable
+    has no device of its own)."""
+    device = getattr(variable, "device", None)
+    return variable.value.device if device is None else device
 
 
 def _LogicalDevices() -> list:

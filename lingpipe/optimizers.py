@@ -27,12 +27,11 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import keras
 import tensorflow as tf
 
-from lingpipe import hyperparams
+from lingpipe import cluster, hyperparams
 
 __all__ = [
     "Adafactor",
@@ -79,7 +78,7 @@ class _ColocatedAdafactor(keras.optimizers.Adafactor):
         for var in var_list:
             overwrite = self._overwrite_variable_with_gradient(var)
             r = c = v = None
-            with tf.device(_Device(var)):
+            with tf.device(cluster.VariableDevice(var)):
                 shape = var.shape.as_list()
                 if len(shape) >= 2 and not overwrite:
                     base = _SlotBaseName(var)
@@ -93,13 +92,6 @@ class _ColocatedAdafactor(keras.optimizers.Adafactor):
             self._r.append(r)
             self._c.append(c)
             self._v.append(v)
-
-
-def _Device(var: Any) -> str:
-    """The device of a tf.Variable, or of a keras.Variable's tf.Variable (a keras.Variable
-    has none of its own)."""
-    device = getattr(var, "device", None)
-    return var.value.device if device is None else device
 
 
 def _AsReduced(grads_and_vars):

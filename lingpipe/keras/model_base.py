@@ -243,8 +243,7 @@ class PipelineModel(keras.Model, metaclass=abc.ABCMeta):
         # Keras' own parameter name: Adafactor passes the weight by keyword.
         def Colocated(reference_variable: Any, *args: Any, **kwargs: Any) -> Any:
             ref = reference_variable
-            device = (ref.value if isinstance(ref, keras.Variable) else ref).device
-            with tf.device(device):
+            with tf.device(cluster.VariableDevice(ref)):
                 return keras_add(ref, *args, **kwargs)
 
         opt.add_variable_from_reference = Colocated  # this optimizer's build only
@@ -498,7 +497,7 @@ class _EachOnItsDevice(list):
 
     def _Walk(self) -> Any:
         for w in list.__iter__(self):
-            with tf.device((w.value if isinstance(w, keras.Variable) else w).device):
+            with tf.device(cluster.VariableDevice(w)):
                 yield w
 
     def Close(self) -> None:
