@@ -330,11 +330,12 @@ class GraphPipeline:
         flat = tuple(functional._standardize_inputs(inputs))  # noqa: SLF001
         for x, value in zip(functional.inputs, flat):
             if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
-                dense = "x.to_tensor()" if isinstance(value, tf.RaggedTensor) else None
+                ragged = isinstance(value, tf.RaggedTensor)
+                dense = "x.to_tensor()" if ragged else "tf.sparse.to_dense(x)"
                 raise ValueError(
                     f"{self._where}: received a tf.{type(value).__name__} for input "
                     f"{x.name!r}; expected dense tensors, which the pipeline splits into "
-                    f"micro-batches by rows (pass {dense or 'tf.sparse.to_dense(x)'})"
+                    f"micro-batches by rows (pass {dense})"
                 )
         return flat
 

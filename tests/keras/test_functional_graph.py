@@ -6,6 +6,7 @@ import re
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import lingpipe.keras as lpk
 
@@ -332,3 +333,12 @@ def test_profiling_times_forward_and_backward_and_changes_no_state():
     assert [t.forward > 0 and t.backward >= 0 for t in times] == [True] * 3
     for v, b in zip(state, before):
         np.testing.assert_array_equal(v.numpy(), b, err_msg=v.path)
+
+
+def test_a_ragged_input_is_refused_naming_how_to_make_it_dense():
+    ids = keras.Input((None,), name="ids")
+    h = keras.layers.Dense(4)(keras.layers.Embedding(10, 4)(ids))
+    pipe = lpk.Pipeline(keras.Model(ids, keras.layers.Dense(2)(h)), 2, 2, devices=DEVICES[:2])
+    with pytest.raises(ValueError, match=r"received a tf.RaggedTensor for input 'ids'.*"
+                       r"\(pass x.to_tensor\(\)\)"):  # fmt: skip
+        pipe.predict(tf.ragged.constant([[1, 2], [3], [4, 5, 6], [7]]), verbose=0)
